@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up assay in ./.venv: the CPU build of torch first (a plain `torch` from PyPI pulls
+# several GB of CUDA libraries), then the package with its test extras, then the sandbox
+# that code rewards run in. Safe to run again; it only installs what is missing.
+#
+#   scripts/setup.sh            # CPU machine (default)
+#   ASSAY_TORCH=cuda scripts/setup.sh   # a GPU machine: let pip choose the CUDA build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "assay needs Python >= 3.11 (found $("$PYTHON" --version 2>&1)); set PYTHON=python3.11" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip >/dev/null
+
+TORCH_VERSION=2.13.0
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  args=("torch==$TORCH_VERSION")
+  # a local folder of wheels (this workplace keeps the CPU build in /opt/wheels)
+  for d in ${ASSAY_WHEELS:-} /opt/wheels; do
+    [ -d "$d" ] && ls "$d"/torch-"$TORCH_VERSION"* >/dev/null 2>&1 && args+=(--find-links "$d")
+  done
+  # elsewhere, point TORCH_INDEX_URL at a CPU-only torch index to avoid the CUDA download
+  [ "${ASSAY_TORCH:-cpu}" = cpu ] && [ -n "${TORCH_INDEX_URL:-}" ] && args+=(--index-url "$TORCH_INDEX_URL")
+  echo "installing torch $TORCH_VERSION ..." >&2
+  "${PIP[@]}" install "${args[@]}"
+fi
+
+echo "installing assay ..." >&2
+"${PIP[@]}" install -e '.[test]'
+
+if [ -x scripts/install-sandbox.sh ]; then
+  scripts/install-sandbox.sh || echo "warning: the code sandbox could not be installed; code rewards will refuse to run" >&2
+fi
+echo "ready: .venv/bin/assay" >&2

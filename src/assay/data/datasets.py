@@ -1,0 +1,144 @@
+"""Prompt sources: a built-in task or user data (JSONL, Parquet, or a `datasets` folder).
+
+A source hands out training prompts in a seeded order and remembers how many it has
+handed out, so a resumed run continues with exactly the prompts it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from assay.data.tasks import make_task
+from assay.data.tasks.base import Task
+from assay.errors import AssayError
+from assay.types import Sample
+
+CORE_FIELDS = ("prompt", "answer", "id")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a malformed line is an error that names its line number."""
+    rows = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise AssayError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise AssayError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a `.jsonl`/`.json` file, a `.parquet` file, or a `datasets` folder saved with `save_to_disk`."""
+    p = Path(path)
+    if not p.exists():
+        raise AssayError(f"data path {path!r} does not exist")
+    if p.is_dir():
+        import datasets
+
+        try:
+            ds = datasets.load_from_disk(str(p))
+        except (FileNotFoundError, ValueError) as e:
+            raise AssayError(f"data folder {path!r} is not a saved Hugging Face dataset: {e}") from None
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        return [dict(r) for r in ds]
+    if p.suffix in (".jsonl", ".json"):
+        return read_jsonl(p)
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(p).to_pylist()
+        except Exception as e:  # pyarrow raises several types for a corrupt file
+            raise AssayError(f"cannot read parquet file {path!r}: {e}") from None
+    raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json, .parquet, or a datasets folder")
+
+
+def rows_to_samples(rows: list[dict[str, Any]], fields: dict[str, str], source: str) -> list[Sample]:
+    """Map user columns to `Sample`s with `fields` ({prompt: col, answer: col, id: col})."""
+    names = {k: fields.get(k, k) for k in CORE_FIELDS}
+    out = []
+    for i, row in enumerate(rows):
+        if names["prompt"] not in row:
+            raise AssayError(f"{source}: row {i + 1} has no prompt column {names['prompt']!r} (map it with data.fields.prompt=COLUMN)")
+        prompt = row[names["prompt"]]
+        if not isinstance(prompt, str):
+            raise AssayError(f"{source}: row {i + 1}: prompt must be a string, got {type(prompt).__name__}")
+        extra = {k: v for k, v in row.items() if k not in names.values()}
+        out.append(Sample(id=str(row.get(names["id"], i)), prompt=prompt, answer=row.get(names["answer"]), fields=extra))
+    if not out:
+        raise AssayError(f"{source}: no rows")
+    return out
+
+
+class PromptSource:
+    """Training prompts in a seeded order, and a fixed held-out list."""
+
+    def __init__(self, train: list[Sample] | Task, heldout: list[Sample], seed: int, reward: str | None = None):
+        self.reward = reward
+        self.heldout = heldout
+        self.seed = seed
+        self.consumed = 0
+        self._task = train if isinstance(train, Task) else None
+        self._rows = None if isinstance(train, Task) else train
+        self._restart()
+
+    def _restart(self) -> None:
+        if self._task is not None:
+            self._it = self._task.stream("train", self.seed)
+        else:
+            self._order: list[int] = []
+
+    def _next(self) -> Sample:
+        if self._task is not None:
+            return next(self._it)
+        if not self._order:
+            epoch = self.consumed // len(self._rows)
+            self._order = list(range(len(self._rows)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(self._order)
+            self._order.reverse()
+        return self._rows[self._order.pop()]
+
+    def next_batch(self, n: int) -> list[Sample]:
+        out = [self._next() for _ in range(n)]
+        self.consumed += n
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.consumed = 0
+        self._restart()
+        target = state["consumed"]
+        while self.consumed < target:
+            self._next()
+            self.consumed += 1
+
+
+def build_source(data, seed: int, eval_n: int) -> PromptSource:
+    """A `PromptSource` from a `DataConfig`."""
+    if data.path:
+        rows = rows_to_samples(read_rows(data.path), data.fields, data.path)
+        if data.eval_path:
+            heldout = rows_to_samples(read_rows(data.eval_path), data.fields, data.eval_path)
+        else:
+            cut = max(1, int(len(rows) * data.eval_fraction)) if data.eval_fraction > 0 else 0
+            shuffled = rows[:]
+            random.Random(f"split:{seed}").shuffle(shuffled)
+            heldout, rows = shuffled[:cut], shuffled[cut:] or shuffled
+        return PromptSource(rows, heldout[:eval_n], seed)
+    if not data.task:
+        raise AssayError("data: give a built-in task (data.task=arithmetic) or a file (data.path=FILE)")
+    task = make_task(data.task, **data.task_args)
+    return PromptSource(task, task.heldout(eval_n), seed, reward=task.reward)

@@ -1,0 +1,95 @@
+"""Loading policies, and building the project's own tiny models and tokenizer.
+
+assay's bundled models use a character-level tokenizer built with `tokenizers` and a
+Qwen2-architecture causal LM from `transformers`, saved in Hugging Face format, so any
+Hugging Face causal LM folder can take their place.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from assay.errors import AssayError
+
+#: every character the built-in tasks use, plus room for user data in plain ASCII
+ALPHABET = "".join(chr(c) for c in range(32, 127))
+SPECIAL = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
+BUNDLED_DIR = Path(__file__).parent / "recipes"
+DEFAULT_MODEL = "tiny-arith"
+
+
+def build_char_tokenizer(alphabet: str = ALPHABET):
+    """A character-level fast tokenizer: one token per character, plus pad/eos/bos/unk."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL.values())}
+    for ch in alphabet:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL, padding_side="left")
+
+
+def build_tiny_model(tokenizer, hidden: int = 256, layers: int = 4, heads: int = 4, intermediate: int = 1024, seed: int = 0, max_positions: int = 256):
+    """A randomly initialised Qwen2 causal LM sized for CPU experiments (fp32)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, intermediate_size=intermediate, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id, rope_theta=10000.0,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).float()
+
+
+def resolve_model_path(path: str) -> Path:
+    """A folder for `path`: a bundled model name (`tiny-arith`) or a directory on disk."""
+    bundled = BUNDLED_DIR / path / "model"
+    if "/" not in path and bundled.is_dir():
+        return bundled
+    p = Path(os.path.expanduser(path))
+    if not p.is_dir():
+        known = ", ".join(sorted(d.name for d in BUNDLED_DIR.iterdir() if (d / "model").is_dir())) if BUNDLED_DIR.is_dir() else ""
+        raise AssayError(f"model path {path!r} is not a directory (bundled models: {known or 'none'})")
+    if not (p / "config.json").is_file():
+        raise AssayError(f"model path {path!r} has no config.json; expected a Hugging Face model folder")
+    return p
+
+
+def quiet_hf() -> None:
+    """Silence transformers' and the hub's own progress bars and warnings (assay draws its own)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:
+        pass
+
+
+def load_policy(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
+    """Load `(model, tokenizer)` from a bundled name or a Hugging Face folder on disk."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = resolve_model_path(path)
+    quiet_hf()
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise AssayError(f"cannot load model from {str(folder)!r}: {str(e).splitlines()[0]}") from None
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model.to(device), tok

@@ -1,0 +1,66 @@
+"""Rebuild a bundled model from its recipe (`assay pretrain NAME`).
+
+A recipe folder `recipes/NAME/` holds `recipe.yaml` and, once built, `model/` (a Hugging
+Face folder) with `eval.json`, the held-out figures measured right after the build.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from assay.errors import AssayError
+from assay.models import BUNDLED_DIR, build_char_tokenizer, build_tiny_model, quiet_hf
+
+
+def load_recipe(name: str) -> dict[str, Any]:
+    path = BUNDLED_DIR / name / "recipe.yaml"
+    if not path.is_file():
+        known = sorted(p.parent.name for p in BUNDLED_DIR.glob("*/recipe.yaml"))
+        raise AssayError(f"unknown recipe {name!r}; known: {', '.join(known)}")
+    return yaml.safe_load(path.read_text())
+
+
+def build_bundled(name: str, out: str | None = None, seed: int | None = None, log=print) -> Path:
+    """Train the recipe's model from scratch and save it (with `eval.json`) to `out`."""
+    import torch
+    from rich.progress import Progress
+
+    from assay.data.tasks import make_task
+    from assay.eval.policy import evaluate
+    from assay.rewards.base import REWARDS
+    from assay.rollout.sampler import TorchSampler
+    from assay.train.sft import SFTConfig, noisy_answers, sft
+
+    quiet_hf()
+    recipe = load_recipe(name)
+    seed = recipe["seed"] if seed is None else seed
+    out_dir = Path(out) if out else BUNDLED_DIR / name / "model"
+    torch.set_num_threads(recipe.get("threads", 1))  # one thread: the same weights on any machine
+    task = make_task(recipe["task"], **recipe["task_args"])
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, seed=seed, **recipe["model"])
+    rng = random.Random(seed)
+    stream = task.stream("train", seed)
+    cfg = SFTConfig(seed=seed, **recipe["sft"])
+    batches = (list(noisy_answers(itertools.islice(stream, cfg.batch_size), recipe["noise"], recipe["corruption"], rng)) for _ in itertools.count())
+    start = time.time()
+    with Progress(transient=True) as bar:
+        job = bar.add_task(f"pretrain {name}", total=cfg.steps)
+        sft(model, tok, batches, cfg, on_step=lambda s, loss: bar.update(job, completed=s + 1, description=f"pretrain {name} loss {loss:.3f}"))
+    ev = recipe["eval"]
+    result = evaluate(TorchSampler(model, tok), REWARDS.get(task.reward)(), task.heldout(ev["n"]), ev["max_new_tokens"], k=ev["k"], seed=seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    figures = {"recipe": name, "seed": seed, "seconds": round(time.time() - start, 1), "params": sum(p.numel() for p in model.parameters()), **result.as_dict()}
+    (out_dir / "eval.json").write_text(json.dumps(figures, indent=2) + "\n")
+    log(f"saved {out_dir}: " + ", ".join(f"{k}={v}" for k, v in figures.items()), file=sys.stderr) if log is print else log(figures)
+    return out_dir

@@ -1,0 +1,72 @@
+"""The end-of-run report: PNG plots of reward and held-out accuracy, and an HTML page."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from assay.report.metrics import read_metrics
+
+PLOTS = {
+    "reward.png": ("Training reward", [("reward/mean", "reward mean"), ("train/accuracy", "train accuracy")]),
+    "heldout_accuracy.png": ("Held-out greedy accuracy", [("eval/accuracy", "held-out accuracy")]),
+}
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """One PNG per entry of `PLOTS`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, (title, keys) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        for key, label in keys:
+            x, y = _series(rows, key)
+            if len(x) > 60 and key.startswith(("reward/", "train/")):
+                w = max(1, len(y) // 40)
+                y = [sum(y[max(0, i - w + 1) : i + 1]) / len(y[max(0, i - w + 1) : i + 1]) for i in range(len(y))]
+                label += f" (moving mean of {w})"
+            if x:
+                ax.plot(x, y, marker="o" if len(x) < 30 else None, label=label)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
+        fig.tight_layout()
+        fig.savefig(out_dir / name)
+        plt.close(fig)
+        written.append(out_dir / name)
+    return written
+
+
+def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any]) -> Path:
+    """Plots plus `report.html` (config, final figures, plots) in `run_dir`."""
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    plots = plot_metrics(rows, run_dir)
+    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in summary.items())
+    imgs = "".join(f'<img src="{p.name}" alt="{p.stem}">' for p in plots)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>assay run {html.escape(run_dir.name)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}
+th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}pre{{background:#f5f5f5;padding:1em}}</style>
+</head><body><h1>assay run <code>{html.escape(run_dir.name)}</code></h1>
+<h2>Final figures</h2><table>{cells}</table><h2>Curves</h2>{imgs}
+<h2>Configuration</h2><pre>{html.escape(yaml.safe_dump(config, sort_keys=False))}</pre></body></html>"""
+    out = run_dir / "report.html"
+    out.write_text(page)
+    return out
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

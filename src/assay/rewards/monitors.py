@@ -1,0 +1,122 @@
+"""Reward-health monitors, logged every step, and control rewards to run side by side.
+
+`reward_health` turns one step's results into namespaced metrics (every key is defined in
+docs/rewards.md). The control rewards `random` and `format_only` carry no information
+about correctness: if a run trained on them gains as much as the real one, the gains do
+not come from the signal (the spurious-rewards study, Shao et al., 2025, "Spurious
+Rewards: Rethinking Training Signals in RLVR", arXiv:2506.10947; seed-methods 000 L34).
+
+    >>> from assay.types import RewardResult
+    >>> m = reward_health([RewardResult(1.0), RewardResult(1.0), RewardResult(0.0), RewardResult(None)], [0, 0, 1, 1], [3, 5, 9, 2])
+    >>> m["reward/mean"], m["reward/none"], m["reward/saturated_group_frac"], m["reward/zero_var_group_frac"]
+    (0.6666666666666666, 1.0, 0.5, 1.0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, defaultdict
+
+from assay.rewards.base import REWARDS, Reward
+from assay.rewards.math import as_text, find_boxes
+from assay.types import RewardResult, Trajectory
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _std(xs: list[float]) -> float:
+    m = _mean(xs)
+    return math.sqrt(_mean([(x - m) ** 2 for x in xs])) if xs else 0.0
+
+
+def pearson(xs: list[float], ys: list[float]) -> float:
+    """Pearson correlation; 0.0 when either side has no variance or fewer than 2 points."""
+    if len(xs) < 2:
+        return 0.0
+    mx, my = _mean(xs), _mean(ys)
+    sx, sy = _std(xs), _std(ys)
+    if sx == 0 or sy == 0:
+        return 0.0
+    return _mean([(x - mx) * (y - my) for x, y in zip(xs, ys)]) / (sx * sy)
+
+
+def reward_health(results: list[RewardResult], group: list[int], lengths: list[int], high: float = 1.0, low: float = 0.0) -> dict[str, float]:
+    """Metrics for one batch of results `[B]` with group index `[B]` and completion lengths `[B]`.
+
+    A group is saturated when all its scored members are ≥ `high`, unsolved when all are
+    ≤ `low`, zero-variance when all its scored members are equal (these give GRPO no
+    gradient). Failed and None results are counted and left out of every mean.
+    """
+    if not (len(results) == len(group) == len(lengths)):
+        raise ValueError(f"reward_health: results, group and lengths differ in length ({len(results)}, {len(group)}, {len(lengths)})")
+    scored = [(r.score, g, n) for r, g, n in zip(results, group, lengths) if r.score is not None and r.error is None]
+    scores = [s for s, _, _ in scored]
+    out = {
+        "reward/mean": _mean(scores),
+        "reward/std": _std(scores),
+        "reward/count": float(len(results)),
+        "reward/failures": float(sum(r.error is not None for r in results)),
+        "reward/none": float(sum(r.score is None for r in results)),
+        "reward/timeouts": float(sum(r.info.get("reason") == "timeout" for r in results if r.error is not None)),
+        "reward/length_corr": pearson(scores, [float(n) for _, _, n in scored]),
+    }
+    comps: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        if r.error is None:
+            for k, v in r.components.items():
+                if isinstance(v, (int, float)) and v is not None:
+                    comps[k].append(float(v))
+    for k, vs in sorted(comps.items()):
+        out[f"reward/{k}/mean"] = _mean(vs)
+    out.update(_group_metrics(scored, high, low))
+    reasons = Counter(str(r.info.get("reason")) for r in results if r.info.get("reason") is not None)
+    for k, n in sorted(reasons.items()):
+        out[f"reward/reason/{k}"] = n / len(results)
+    return out
+
+
+def _group_metrics(scored: list[tuple[float, int, int]], high: float, low: float) -> dict[str, float]:
+    by: dict[int, list[float]] = defaultdict(list)
+    for s, g, _ in scored:
+        by[g].append(s)
+    groups = list(by.values())
+    n = len(groups) or 1
+    return {
+        "reward/saturated_group_frac": sum(all(s >= high for s in v) for v in groups) / n,
+        "reward/unsolved_group_frac": sum(all(s <= low for s in v) for v in groups) / n,
+        "reward/zero_var_group_frac": sum(max(v) - min(v) <= 1e-12 for v in groups) / n,
+    }
+
+
+@REWARDS.register("random")
+class RandomReward(Reward):
+    """Control: 1 with probability p, else 0, independent of the completion's correctness.
+
+    Deterministic for a given (seed, prompt id, completion), so reruns agree and workers
+    need no shared state. The random reward of Shao et al. (2025, arXiv:2506.10947).
+    """
+
+    def __init__(self, p: float = 0.5, seed: int = 0):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"random: p must be in [0, 1], got {p}")
+        self.p, self.seed = p, seed
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        key = f"{self.seed}\0{traj.sample.id}\0{as_text(traj.completion)}".encode("utf-8", "surrogatepass")
+        u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+        return RewardResult(float(u < self.p), info={"reason": "control"})
+
+
+@REWARDS.register("format_only")
+class FormatOnlyReward(Reward):
+    """Control: 1 when the completion has a non-empty `\\boxed{}` answer, whatever it says.
+
+    The format reward of Shao et al. (2025, arXiv:2506.10947): rewards the answer format only.
+    """
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        ok = any(c.strip() for _, _, c in find_boxes(as_text(traj.completion)))
+        return RewardResult(float(ok), info={"reason": "control"})

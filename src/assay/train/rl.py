@@ -1,0 +1,237 @@
+"""The RL loop: sample → score → advantages → policy update → metrics, checkpoint.
+
+Reads top to bottom. Every decision (which estimator, loss, aggregation, reward) is
+a plugin looked up by name; this file only moves data between them. Left out on
+purpose: asynchronous rollouts, multi-turn environments, distributed learners.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import yaml
+
+from assay.config import RunConfig
+from assay.data.datasets import PromptSource, build_source
+from assay.errors import AssayError
+from assay.eval.policy import evaluate
+from assay.models import load_policy
+from assay.report.metrics import JsonlSink
+from assay.report.run_report import write_report
+from assay.rewards.executor_factory import make_executor
+from assay.rollout.sampler import SamplingParams, TorchSampler
+from assay.train.checkpoint import latest_checkpoint, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, requirements
+from assay.train.learner import collate, compute_advantages, policy_step, step_tensors, token_logprobs
+from assay.train.progress import RunProgress
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    final: dict[str, Any]
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    name = cfg.run_name or f"{cfg.data.task or Path(cfg.data.path or 'data').stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(cfg.output_dir) / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
+    warm = cfg.optim.warmup_steps
+    return lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+
+
+def rollout_metrics(trajs, batch) -> dict[str, float]:
+    """Sampled accuracy and completion lengths (reward statistics come from `reward_health`)."""
+    scored = batch.rewards[~torch.isnan(batch.rewards)]
+    lengths = [len(t.completion_ids) for t in trajs]
+    return {
+        "train/accuracy": (scored >= 1.0).float().mean().item() if scored.numel() else math.nan,
+        "rollout/response_length": sum(lengths) / len(lengths),
+        "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
+    }
+
+
+def check_plugins(cfg: RunConfig) -> None:
+    """Fail fast, before any folder is made, on a misspelled algorithm name."""
+    ADVANTAGES.get(cfg.algo.advantage)
+    POLICY_LOSSES.get(cfg.algo.loss)
+    AGGREGATIONS.get(cfg.algo.aggregation)
+    KL_ESTIMATORS.get(cfg.algo.kl_estimator)
+
+
+class Trainer:
+    """Holds everything one run needs; `fit()` runs the loop."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path | None = None, resume: bool = False):
+        self.cfg = cfg
+        check_plugins(cfg)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        torch.manual_seed(cfg.seed)
+        self.device = torch.device(cfg.model.device)
+        self.model, self.tokenizer = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype)
+        self.ref = None
+        if cfg.algo.kl_coef > 0:
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
+        self.executor = make_executor(cfg, self.source.reward)
+        self.run_dir = Path(run_dir) if run_dir else make_run_dir(cfg)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.sampler = TorchSampler(self.model, self.tokenizer, self.device)
+        self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
+        self.step = 0
+        if resume:
+            self._resume()
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        self.sink = JsonlSink(self.run_dir / "metrics.jsonl", truncate_after=self.step)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            "data": self.source.state_dict(), "rng": rng_state(self.generator), "config": self.cfg.model_dump(mode="json"),
+        }
+
+    def save(self) -> Path:
+        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state())
+        self.sink.sync()
+        prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+        return folder
+
+    def _resume(self) -> None:
+        ckpt = latest_checkpoint(self.ckpt_dir)
+        if ckpt is None:
+            raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+        if self.ref is not None and hasattr(self.model, "tie_weights"):
+            self.model.tie_weights()
+        state = load_state(ckpt)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.source.load_state_dict(state["data"])
+        set_rng_state(state["rng"], self.generator)
+        self.step = state["step"]
+
+    # -- one step ----------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        cfg, t0 = self.cfg, time.perf_counter()
+        prompts = self.source.next_batch(cfg.rollout.prompts_per_step)
+        trajs = self.sampler.generate(prompts, cfg.rollout.group_size, self.sampling, self.generator)
+        t_gen = time.perf_counter()
+        results = self.executor.score(trajs)
+        t_rew = time.perf_counter()
+        batch = collate(trajs, results, self.sampler.pad_id, self.device)
+        advantages = compute_advantages(batch, cfg.algo, self._extras(prompts, trajs, results, batch))  # [B, T]
+        metrics = rollout_metrics(trajs, batch)
+        metrics.update(self.executor.health(results, trajs))
+        metrics.update(self._update(batch, advantages))
+        t_end = time.perf_counter()
+        tokens = sum(len(t.completion_ids) for t in trajs)
+        metrics.update({
+            "perf/step_s": t_end - t0, "perf/generate_s": t_gen - t0, "perf/reward_s": t_rew - t_gen,
+            "perf/update_s": t_end - t_rew, "perf/tokens_per_s": tokens / (t_end - t0),
+            "actor/lr": self.sched.get_last_lr()[0],
+        })
+        self.sched.step()
+        return metrics
+
+    def _extras(self, prompts, trajs, results, batch) -> dict[str, torch.Tensor]:
+        """What the selected estimator declares it needs beyond rewards and groups."""
+        needs, extras = requirements(self.cfg.algo.advantage), {}
+        if "ref_logprobs" in needs and self.ref is not None:
+            with torch.no_grad():
+                extras["ref_logprobs"], _ = token_logprobs(self.ref, batch, self.cfg.rollout.temperature)
+        if "greedy_rewards" in needs:  # ReMax: one greedy rollout per prompt, scored like the rest
+            greedy = self.sampler.generate(prompts, 1, SamplingParams(self.cfg.rollout.max_new_tokens, temperature=0.0))
+            scores = torch.tensor([float("nan") if r.score is None else r.score for r in self.executor.score(greedy)])
+            extras["greedy_rewards"] = scores[batch.group]
+        if needs & {"step_rewards", "step_ends"}:
+            extras["step_rewards"], extras["step_ends"] = step_tensors(trajs, results, self.tokenizer)
+        return extras
+
+    def _update(self, batch, advantages) -> dict[str, float]:
+        cfg = self.cfg
+        self.model.train()
+        agg: dict[str, list[float]] = {}
+        B = batch.rewards.shape[0]
+        for _ in range(cfg.algo.epochs):
+            for idx in torch.arange(B).chunk(cfg.algo.minibatches):
+                loss, m = policy_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                m["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
+                self.opt.step()
+                for k, v in m.items():
+                    agg.setdefault(k, []).append(v)
+        self.model.eval()
+        return {k: sum(v) / len(v) for k, v in agg.items()}
+
+    def evaluate(self) -> dict[str, float]:
+        r = evaluate(self.sampler, self.executor, self.source.heldout, self.cfg.rollout.max_new_tokens)
+        return {"eval/accuracy": r.accuracy, "eval/mean_length": r.mean_length}
+
+    # -- the loop ----------------------------------------------------------------------
+    def fit(self, progress: bool = True) -> RunResult:
+        cfg = self.cfg
+        every_eval, every_save = cfg.train.eval_every, cfg.train.save_every
+        last: dict[str, float] = {}
+        with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack:
+            stack.callback(self.executor.close)
+            try:
+                if self.step == 0 and self.source.heldout:
+                    last.update(self.evaluate())
+                    self.sink.log(0, last)
+                while self.step < cfg.train.steps:
+                    metrics = self.train_step()
+                    self.step += 1
+                    if every_eval and self.step % every_eval == 0 and self.step < cfg.train.steps:
+                        metrics.update(self.evaluate())
+                    self.sink.log(self.step, metrics)
+                    last.update(metrics)
+                    bar.update(self.step, last)
+                    if every_save and self.step % every_save == 0 and self.step < cfg.train.steps:
+                        self.save()
+            except KeyboardInterrupt:
+                self.save()
+                self.sink.close()
+                raise
+            final = self.evaluate()
+            self.sink.log(self.step, final)
+            last.update(final)
+            bar.update(self.step, last)
+            self.save()
+        self.sink.close()
+        summary = self._summary(last)
+        final_dir = self.run_dir / "final"
+        save_checkpoint(final_dir, self.model, self.tokenizer, {"step": self.step})
+        write_report(self.run_dir, cfg.model_dump(mode="json"), summary)
+        return RunResult(self.run_dir, summary)
+
+    def _summary(self, last: dict[str, float]) -> dict[str, Any]:
+        from assay.report.metrics import read_metrics
+
+        rows = read_metrics(self.run_dir / "metrics.jsonl")
+        first_eval = next((r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None), None)
+        return {
+            "steps": self.step, "held-out accuracy at start": first_eval, "held-out accuracy at end": last.get("eval/accuracy"),
+            "held-out problems": len(self.source.heldout), "final train reward (mean)": last.get("reward/mean"),
+            "model": self.cfg.model.path, "task": self.cfg.data.task or self.cfg.data.path,
+            "total time (s)": round(sum(r.get("perf/step_s", 0) for r in rows), 1),
+        }

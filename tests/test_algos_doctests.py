@@ -1,0 +1,17 @@
+"""The examples in the algos and sampler docstrings run and print what they say."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "assay.algos.advantages", "assay.algos.credit", "assay.algos.kl", "assay.algos.losses",
+    "assay.algos.correction", "assay.algos.entropy", "assay.data.samplers",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0

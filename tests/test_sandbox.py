@@ -1,0 +1,216 @@
+"""assay.sandbox: isolation detection and opt-out, the runner's limits, the pool, grading helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from assay.errors import AssayError
+from assay.sandbox import Job, Limits, SandboxPool, WorkerPool, grading, isolation, language
+from assay.sandbox.runner import parse_records, run_job
+
+
+def sandbox_or_skip() -> None:
+    """Use the sandbox; install it once with the project's script if missing; skip only if that fails."""
+    try:
+        isolation.detect()
+        return
+    except AssayError:
+        pass
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "install-sandbox.sh")
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHON": sys.executable})
+    try:
+        isolation.detect()
+    except AssayError as e:
+        pytest.skip(f"no sandbox and scripts/install-sandbox.sh could not install one: {e}; {proc.stderr[-300:]}")
+
+@pytest.fixture(scope="module")
+def pool():
+    sandbox_or_skip()
+    p = SandboxPool(workers=2)
+    yield p
+    p.close()
+
+
+def py_job(source: str, cases: list[dict], mode: str = "stdio", **kw) -> Job:
+    return Job(language("python"), source, mode, cases, **kw)
+
+
+# --- isolation --------------------------------------------------------------------------
+
+
+def test_no_sandbox_is_refused_with_a_message_naming_the_opt_out(monkeypatch):
+    monkeypatch.setattr(isolation, "candidate_bwraps", lambda: [])
+    monkeypatch.delenv(isolation.UNSAFE_ENV, raising=False)
+    with pytest.raises(AssayError, match="unsafe_no_sandbox=True") as e:
+        isolation.detect()
+    assert isolation.UNSAFE_ENV in str(e.value)
+
+
+def test_opt_out_is_loud(monkeypatch):
+    monkeypatch.setattr(isolation, "candidate_bwraps", lambda: [])
+    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+        assert isolation.detect(unsafe_no_sandbox=True).kind == "none"
+    monkeypatch.setenv(isolation.UNSAFE_ENV, "1")
+    with pytest.warns(RuntimeWarning):
+        assert isolation.detect().kind == "none"
+
+
+def test_opt_out_still_runs_programs_with_limits():
+    uid, fd = isolation.claim_slot_uid()
+    try:
+        r = run_job(py_job("print(int(input()) * 2)", [{"input": "21"}]), isolation.Isolation("none"), uid)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    assert r.status == "ok" and r.cases[0].stdout == b"42\n"
+
+
+def test_bwrap_is_found_and_works():
+    sandbox_or_skip()
+    iso = isolation.detect()
+    assert iso.kind == "bwrap" and isolation.probe_bwrap(str(iso.bwrap)) == ""
+
+
+# --- runner and pool ----------------------------------------------------------------------
+
+
+def test_stdio_call_and_expression_modes(pool):
+    jobs = [py_job("a, b = map(int, input().split())\nprint(a + b)", [{"input": "1 2"}, {"input": "5 6"}]),
+            py_job("def f(x):\n    return (x, [x], {'k': x})", [{"args": [3]}], "call", fn="f"),
+            py_job("def f(x):\n    return x + 1", [{"exprs": ["f(1)", "f(2)"]}], "exprs")]
+    stdio, call, exprs = pool.run(jobs)
+    assert [c.stdout for c in stdio.cases] == [b"3\n", b"11\n"]
+    assert grading.decode(call.cases[0].result) == (3, [3], {"k": 3})
+    assert grading.decode(exprs.cases[0].result) == [2, 3]
+
+
+def test_the_sandbox_sees_no_host_files_network_or_environment(pool):
+    src = ("import os, socket\n"
+           "print(sorted(os.listdir('/')))\n"
+           "print(os.getuid() != 0, sorted(os.environ))\n"
+           "print(os.path.exists('/work'), os.path.exists('/etc/shadow'), os.path.exists('/root'))\n"
+           "print(sorted(n for _, n in socket.if_nameindex()))\n")
+    r = pool.run([py_job(src, [{"input": ""}])])[0]
+    lines = r.cases[0].stdout.decode().splitlines()
+    assert set(eval(lines[0])) <= {"bin", "box", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+    assert lines[1].startswith("True") and "HOME" in lines[1]
+    assert lines[2] == "False False False"
+    assert lines[3] == "['lo']"
+
+
+def test_cpu_limit_output_cap_and_memory_limit(pool):
+    lim = Limits(cpu_s=1.0, output_bytes=1000, memory_mb=256)
+    jobs = [py_job("while True: pass", [{"input": ""}], limits=lim),
+            py_job("while True: print('x' * 100)", [{"input": ""}], limits=lim),
+            py_job("a = bytearray(1 << 30)\nprint('allocated')", [{"input": ""}], limits=lim)]
+    start = time.monotonic()
+    loop, flood, mem = pool.run(jobs)
+    assert time.monotonic() - start < 10
+    assert loop.cases[0].sig == 24 or loop.cases[0].status == "timeout"  # SIGXCPU
+    assert flood.cases[0].status == "output_limit" and len(flood.cases[0].stdout) <= 1000
+    assert mem.cases[0].status == "exit" and "MemoryError" in mem.cases[0].stderr
+
+
+def test_wall_clock_timeout_kills_a_sleeping_program(pool):
+    r = pool.run([py_job("import time\ntime.sleep(60)", [{"input": ""}], limits=Limits(cpu_s=0.5))])[0]
+    assert r.cases[0].status == "timeout" and r.cases[0].wall < 3
+
+
+def test_syntax_error_and_cpp_compile(pool):
+    cpp = language("cpp")
+    jobs = [py_job("def f(:\n", [{"input": ""}]),
+            Job(cpp, "#include <cstdio>\nint main(){int a;scanf(\"%d\",&a);printf(\"%d\\n\",a*3);}", "stdio",
+                [{"input": "7"}]),
+            Job(cpp, "int main( {", "stdio", [{"input": ""}])]
+    bad_py, good_cpp, bad_cpp = pool.run(jobs)
+    assert not bad_py.compiled and "SyntaxError" in bad_py.compile_error
+    assert good_cpp.compiled and good_cpp.cases[0].stdout == b"21\n"
+    assert not bad_cpp.compiled and "error" in bad_cpp.compile_error
+
+
+def test_pool_survives_a_worker_that_dies_or_hangs():
+    wp = WorkerPool("os:_exit", workers=1)
+    try:
+        out = wp.map([0], [5.0])
+        assert "died" in out[0].error
+        wp2 = WorkerPool("time:sleep", workers=1)
+        out = wp2.map([30, 0], [1.0, 5.0])
+        assert "deadline" in out[0].error and out[1] is None
+        wp2.close()
+    finally:
+        wp.close()
+
+
+def test_many_programs_at_once(pool):
+    jobs = [py_job(f"print({i} * int(input()))", [{"input": "2"}]) for i in range(12)]
+    assert [r.cases[0].stdout for r in pool.run(jobs)] == [f"{2 * i}\n".encode() for i in range(12)]
+
+
+def test_records_are_parsed_defensively():
+    junk = b"\n".join([b"garbage", b"{not json", b'{"t": "case", "i": 99}', b'{"t": "case", "i": "0"}',
+                       b'{"t": "compile", "ok": true}', b'{"t": "case", "i": 0, "st": "ok", "out": "!!!"}',
+                       b"[1, 2]", b'{"t": "case", "i": 1, "st": "ok", "out": "eA=="}',
+                       b'{"t": "case", "i": 1, "st": "ok", "out": "eA=="}', b"{" * 100000])
+    r = parse_records(junk, 2)
+    assert r.compiled and r.cases[0].status == "missing"
+    assert r.cases[1].status == "missing"  # a duplicate record voids the case
+
+
+# --- grading (parent side) ----------------------------------------------------------------
+
+
+def test_decode_refuses_anything_but_the_tagged_plain_encoding():
+    assert grading.decode('{"T": [1, {"S": [2], "f": true}]}') == (1, frozenset({2}))
+    assert grading.decode('{"D": [[1, "a"]]}') == {1: "a"}
+    for bad in ('{"X": 1}', '{"S": [[1]]}', "[" * 1000 + "]" * 1000, "nope"):
+        with pytest.raises(ValueError):
+            grading.decode(bad)
+
+
+def test_values_equal_is_type_strict():
+    assert grading.values_equal(3, 3) and grading.values_equal(0.1 + 0.2, 0.3)
+    assert not grading.values_equal(True, 1) and not grading.values_equal(1, True)
+    assert not grading.values_equal("1", 1) and not grading.values_equal([1], [1, 1])
+    assert grading.values_equal({1, 2}, [2, 1]) and not grading.values_equal({1}, [1, 1, 2])
+    assert grading.values_equal({"a": [1, 2.0]}, {"a": [1, 2]})
+
+
+def test_stdout_whitespace_modes():
+    assert grading.stdout_matches(b"1 2 \n3\n\n", "1 2\n3", "lines")
+    assert not grading.stdout_matches(b"1 2\n", "1 2\n3", "lines")  # no truncation to the shorter
+    assert not grading.stdout_matches(b"1  2\n", "1 2\n", "lines")
+    assert grading.stdout_matches(b"1  2\n", "1 2\n", "tokens")
+    assert not grading.stdout_matches(b"3\n", "3", "exact")
+
+
+def test_split_assert_keeps_the_comparison_in_the_parent():
+    check = grading.split_assert("assert math.isclose(f(1.5), 2.25, rel_tol=1e-3) and g('A').lower() == 'a'")
+    assert check.exprs == ["f(1.5)", "g('A')"]
+    assert check.passes([2.2501, "A"]) and not check.passes([2.3, "A"])
+    assert grading.split_assert("assert Solution().two([1], 2) == [0]").exprs == ["Solution().two([1], 2)"]
+    assert grading.split_assert("assert (lambda: f(1))() == 1").exprs == ["(lambda: f(1))()"]
+    for bad in ("x = 1", "assert all(f(x) == x for x in range(3))", "assert f(1) =="):
+        with pytest.raises(AssayError):
+            grading.split_assert(bad)
+
+
+def test_job_deadline_covers_every_case():
+    job = py_job("", [{"input": ""}] * 3, limits=Limits(cpu_s=1.0))
+    assert job.deadline_s() == pytest.approx(3 * (2.5 + 0.1) + 3.0)
+    assert json.loads(json.dumps(job.cases)) == job.cases
+
+
+def test_a_test_s_daemons_do_not_survive_into_the_next_test(pool):
+    src = ("import os, time\n"
+           "if input() == 'spawn' and os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\n"
+           "time.sleep(0.1)\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]))\n")
+    r = pool.run([py_job(src, [{"input": "spawn"}, {"input": "look"}])])[0]
+    first, second = (int(c.stdout) for c in r.cases)
+    assert first == second + 1  # bwrap's init, the harness, the test: the daemon is gone

@@ -1,0 +1,85 @@
+"""End-to-end runs of `assay train` on a tiny randomly initialised model."""
+
+import json
+
+import pytest
+
+from assay.config import load_config
+from assay.report.metrics import read_metrics
+from assay.train.rl import Trainer
+
+
+def run_cfg(model_dir, out, name, *extra):
+    return load_config(None, [
+        f"model.path={model_dir}", f"output_dir={out}", f"run_name={name}", "train.steps=3", "train.eval_every=2",
+        "train.eval_n=16", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.threads=1", *extra,
+    ])
+
+
+def steps_of(run_dir):
+    """Per-step training metrics without the timing keys (which differ between runs)."""
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    timing = lambda k: k.startswith("perf/") or k.endswith("_per_s")
+    return {r["step"]: {k: v for k, v in r.items() if not timing(k)} for r in rows}
+
+
+def test_two_step_run_writes_everything(tiny_model_dir, tmp_path):
+    cfg = run_cfg(tiny_model_dir, tmp_path, "two", "train.steps=2", "algo.kl_coef=0.1", "reward_workers=2")
+    result = Trainer(cfg).fit(progress=False)
+    d = result.run_dir
+    for f in ["metrics.jsonl", "config.yaml", "report.html", "reward.png", "heldout_accuracy.png", "final/model.safetensors", "final/config.json"]:
+        assert (d / f).is_file(), f
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    rows = steps_of(d)
+    assert sorted(rows) == [1, 2]
+    keys = {"reward/mean", "reward/std", "train/accuracy", "actor/kl", "actor/entropy", "actor/clip_frac", "rollout/response_length",
+            "reward/zero_var_group_frac", "reward/failures", "reward/none", "reward/length_corr"}
+    assert keys <= rows[2].keys()
+    all_rows = read_metrics(d / "metrics.jsonl")
+    assert all_rows[0]["step"] == 0 and "eval/accuracy" in all_rows[0]
+    assert {"perf/tokens_per_s", "perf/step_s"} <= all_rows[1].keys()
+    assert "held-out accuracy at end" in (d / "report.html").read_text()
+    # the sampler's logprobs are the trainer's: on-policy, the first update sees ratio 1
+    assert abs(rows[1]["actor/ratio_mean"] - 1.0) < 1e-4
+
+
+def test_same_seed_same_metrics(tiny_model_dir, tmp_path):
+    a = Trainer(run_cfg(tiny_model_dir, tmp_path, "a", "train.save_every=0")).fit(progress=False).run_dir
+    b = Trainer(run_cfg(tiny_model_dir, tmp_path, "b", "train.save_every=0")).fit(progress=False).run_dir
+    c = Trainer(run_cfg(tiny_model_dir, tmp_path, "c", "train.save_every=0", "seed=1")).fit(progress=False).run_dir
+    assert steps_of(a) == steps_of(b)
+    assert steps_of(a) != steps_of(c)
+
+
+def test_interrupted_run_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, monkeypatch):
+    full = Trainer(run_cfg(tiny_model_dir, tmp_path, "full")).fit(progress=False).run_dir
+
+    real_step = Trainer.train_step
+    calls = {"n": 0}
+
+    def stop_at_third(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_at_third)
+    cut = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut"))
+    with pytest.raises(KeyboardInterrupt):
+        cut.fit(progress=False)
+    assert sorted(steps_of(cut.run_dir)) == [1, 2]
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+
+    resumed = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut"), run_dir=cut.run_dir, resume=True)
+    assert resumed.step == 2
+    resumed.fit(progress=False)
+    assert steps_of(cut.run_dir) == steps_of(full)
+    assert steps_of(full)[3]["reward/mean"] == steps_of(cut.run_dir)[3]["reward/mean"]
+
+
+def test_user_jsonl_data_trains(tiny_model_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"q": f"{i}+{i}=", "a": str(2 * i)}) + "\n" for i in range(40)))
+    cfg = run_cfg(tiny_model_dir, tmp_path, "user", "data.task=null", f"data.path={data}", "data.fields={prompt: q, answer: a}", "reward=arithmetic", "train.steps=1")
+    d = Trainer(cfg).fit(progress=False).run_dir
+    assert 1 in steps_of(d)
