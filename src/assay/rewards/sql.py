@@ -286,7 +286,7 @@ class SQLReward(Reward):
 
     kind = "io"
 
-    def __init__(self, compare: str = "test_suite", extract: str = "fenced", timeout_s: float = 5.0,
+    def __init__(self, compare: str = "test_suite", extract: str = "fenced", timeout_s: float = 2.0,
                  max_rows: int = 10_000, max_bytes: int = 32 << 20, memory_mb: int = 1024, float_digits: int = 10,
                  workers: int = 2, db_field: str = "db", gold_field: str = "gold_sql") -> None:
         if compare not in COMPARE_MODES:
