@@ -147,6 +147,8 @@ def test_mismatch_correction_by_hand():
     assert m["mismatch/k1"] == pytest.approx(-1 / 6, abs=1e-6)
     assert m["mismatch/k3"] == pytest.approx((math.e - 2 + math.exp(-0.5) - 0.5) / 3, abs=1e-5)
     assert m["mismatch/ratio_max"] == pytest.approx(math.e, rel=1e-5)
+    assert m["mismatch/weight_mean"] == pytest.approx((1 + 2 + math.exp(-0.5)) / 3, rel=1e-5)
+    assert m["mismatch/abs_diff_max"] == pytest.approx(1.0)  # the second token: |−1 − (−2)|
     w, _ = mismatch_correction(trainer, sampler, mask, mode="mis", cap=2.0)
     close(w, [[1.0, 0.0, 0.6065, 0.0]])  # the token with ρ = e > 2 leaves the loss
     w, _ = mismatch_correction(trainer, sampler, mask, mode="mis", cap=2.0, floor=0.7)

@@ -3,14 +3,18 @@
 import math
 
 import pytest
+import torch
 
 from assay.algos import ADVANTAGES, POLICY_LOSSES, requirements
-from assay.config import load_config
+from assay.config import AlgoConfig, load_config
 from assay.errors import AssayError
 from assay.report.metrics import read_metrics
+from assay.train.learner import collate, compute_advantages
 from assay.train.rl import Trainer
+from assay.types import RewardResult, Sample, Trajectory
 
 NEEDS_CRITIC = {name for name in ADVANTAGES.names() if "values" in requirements(name)}
+CRITIC_KEYS = {"critic/loss", "critic/explained_variance", "critic/value_mean", "critic/grad_norm", "critic/vf_clip_frac"}
 
 
 def cfg(model_dir, out, name, *extra):
@@ -24,7 +28,7 @@ def trained_steps(run_dir):
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if "actor/loss" in r]
 
 
-@pytest.mark.parametrize("advantage", sorted(set(ADVANTAGES.names()) - NEEDS_CRITIC))
+@pytest.mark.parametrize("advantage", sorted(ADVANTAGES.names()))
 def test_every_estimator_trains(tiny_model_dir, tmp_path, advantage):
     extra = ["algo.kl_coef=0.05"] if "ref_logprobs" in requirements(advantage) else []
     if "components" in requirements(advantage):  # a composed reward with named components
@@ -33,6 +37,11 @@ def test_every_estimator_trains(tiny_model_dir, tmp_path, advantage):
     rows = trained_steps(d)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["actor/loss"]) and math.isfinite(r["actor/grad_norm"]) for r in rows)
+    if advantage in NEEDS_CRITIC:  # the trainer built and trained a critic for it
+        assert all(CRITIC_KEYS <= r.keys() and r["critic/loss"] >= 0 for r in rows)
+        assert (d / "checkpoints" / "step_000003" / "critic.safetensors").is_file()
+    else:
+        assert not any(k.startswith("critic/") for r in rows for k in r)
 
 
 @pytest.mark.parametrize("loss", POLICY_LOSSES.names())
@@ -42,11 +51,85 @@ def test_every_loss_trains(tiny_model_dir, tmp_path, loss):
 
 
 @pytest.mark.parametrize("advantage", sorted(NEEDS_CRITIC))
-def test_estimators_needing_a_critic_are_refused_in_one_line(tiny_model_dir, tmp_path, advantage):
-    with pytest.raises(AssayError, match="needs values"):
-        Trainer(cfg(tiny_model_dir, tmp_path, advantage, f"algo.advantage={advantage}")).fit(progress=False)
+def test_compute_advantages_without_values_is_refused_in_one_line(advantage):
+    batch = collate([Trajectory(Sample("a", "1+1="), "2", [1, 2], [3], [-0.5], True)], [RewardResult(1.0)], 0, torch.device("cpu"))
+    with pytest.raises(AssayError, match="needs values") as e:
+        compute_advantages(batch, AlgoConfig(advantage=advantage))
+    assert "\n" not in str(e.value)
+    assert compute_advantages(batch, AlgoConfig(advantage=advantage), {"values": torch.zeros(1, 1)}).shape == (1, 1)
 
 
 def test_unknown_names_list_the_known_ones(tiny_model_dir, tmp_path):
     with pytest.raises(AssayError, match="known: .*grpo"):
         Trainer(cfg(tiny_model_dir, tmp_path, "x", "algo.advantage=nope")).fit(progress=False)
+
+
+# ---------------------------------------------------------------- rollout/trainer mismatch correction
+
+
+def shifted_sampler(monkeypatch, delta):
+    """The sampler reports every logprob `delta` higher than it is: ρ = π_trainer/π_sampler = e^{−delta} per token."""
+    from assay.rollout.sampler import TorchSampler
+
+    real = TorchSampler.generate
+
+    def generate(self, *a, **kw):
+        trajs = real(self, *a, **kw)
+        for t in trajs:
+            t.logprobs = [lp + delta for lp in t.logprobs]
+        return trajs
+
+    monkeypatch.setattr(TorchSampler, "generate", generate)
+
+
+def first_step(model_dir, out, name, *extra):
+    """Step 1 of a run with a 0/1 reward independent of the text (so advantages are not all 0).
+
+    The loss is REINFORCE's −A·log π: a group's advantages sum to 0, so a ratio loss at
+    ρ = 1 (−A per token) would average to 0 over equal lengths whatever the weights.
+    """
+    c = cfg(model_dir, out, name, "train.steps=1", "reward={name: random, args: {p: 0.5}}", "algo.loss=reinforce", *extra)
+    return trained_steps(Trainer(c).fit(progress=False).run_dir)[0]
+
+
+def test_mismatch_weights_scale_the_policy_loss(tiny_model_dir, tmp_path, monkeypatch):
+    """The loss is mean(−w·A·log π) over tokens: a constant weight w scales it and its gradient by w."""
+    base = first_step(tiny_model_dir, tmp_path, "base", "algo.mismatch=tis")
+    assert base["mismatch/weight_mean"] == pytest.approx(1.0, abs=1e-5) and base["mismatch/corrected_frac"] == 0.0
+    assert abs(base["actor/loss"]) > 1e-4 and base["actor/grad_norm"] > 1e-4
+
+    shifted_sampler(monkeypatch, math.log(4))  # ρ = 1/4 < cap: TIS weight 1/4 on every token
+    quarter = first_step(tiny_model_dir, tmp_path, "quarter", "algo.mismatch=tis")
+    assert quarter["mismatch/weight_mean"] == pytest.approx(0.25, rel=1e-5)
+    assert quarter["mismatch/k1"] == pytest.approx(math.log(4), rel=1e-5)  # log(π_sampler/π_trainer) per token
+    assert quarter["mismatch/k3"] == pytest.approx(0.25 - 1 + math.log(4), rel=1e-5)  # e^{−x} − 1 + x
+    assert quarter["mismatch/abs_diff_max"] == pytest.approx(math.log(4), rel=1e-5)
+    assert quarter["actor/loss"] == pytest.approx(0.25 * base["actor/loss"], rel=1e-4)
+    assert quarter["actor/grad_norm"] == pytest.approx(0.25 * base["actor/grad_norm"], rel=1e-4)
+    assert quarter["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # the ratio uses the trainer's π_old
+
+    shifted_sampler(monkeypatch, -math.log(4))  # on top of the +log 4 patch: back to ρ = 1, then ρ = 4
+    shifted_sampler(monkeypatch, -math.log(4))
+    capped = first_step(tiny_model_dir, tmp_path, "capped", "algo.mismatch=tis", "algo.mismatch_cap=2")
+    assert capped["mismatch/weight_mean"] == pytest.approx(2.0, rel=1e-5) and capped["mismatch/corrected_frac"] == 1.0
+    assert capped["actor/loss"] == pytest.approx(2.0 * base["actor/loss"], rel=1e-4)
+    masked = first_step(tiny_model_dir, tmp_path, "masked", "algo.mismatch=mis", "algo.mismatch_cap=2")
+    assert masked["mismatch/weight_mean"] == 0.0 and masked["mismatch/corrected_frac"] == 1.0
+    assert masked["actor/loss"] == 0.0 and masked["actor/grad_norm"] == 0.0  # every token left the loss
+
+
+def test_mismatch_is_off_by_default_with_no_extra_forward_pass(tiny_model_dir, tmp_path, monkeypatch):
+    import assay.train.rl as rl
+
+    calls = {"n": 0}
+    real = rl.token_logprobs
+
+    def counting(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rl, "token_logprobs", counting)
+    row = first_step(tiny_model_dir, tmp_path, "default")
+    assert calls["n"] == 0 and not any(k.startswith("mismatch/") for k in row)
+    row = first_step(tiny_model_dir, tmp_path, "mis", "algo.mismatch=mis")
+    assert calls["n"] == 1 and {"mismatch/k1", "mismatch/corrected_frac", "mismatch/weight_mean"} <= row.keys()

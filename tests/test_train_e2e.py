@@ -1,6 +1,8 @@
 """End-to-end runs of `assay train` on a tiny randomly initialised model."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -51,8 +53,17 @@ def test_same_seed_same_metrics(tiny_model_dir, tmp_path):
     assert steps_of(a) != steps_of(c)
 
 
-def test_interrupted_run_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, monkeypatch):
-    full = Trainer(run_cfg(tiny_model_dir, tmp_path, "full")).fit(progress=False).run_dir
+#: every piece with state of its own on at once: critic (weights + AdamW), retry buffer, variance
+#: pool, and the stateless ones that consume prompts and RNG (dynamic sampling, gold, TIS)
+STATEFUL = [
+    "algo.advantage=gae", "algo.mismatch=tis", "reward={name: random, args: {p: 0.3}}", "sampling.retry=true",
+    "sampling.retry_frac=0.5", "sampling.prompts=variance", "sampling.dynamic=true", "sampling.inject_gold=true",
+]
+
+
+@pytest.mark.parametrize("extra", [[], STATEFUL], ids=["default", "critic-and-samplers"])
+def test_interrupted_run_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, monkeypatch, extra):
+    full = Trainer(run_cfg(tiny_model_dir, tmp_path, "full", *extra)).fit(progress=False).run_dir
 
     real_step = Trainer.train_step
     calls = {"n": 0}
@@ -64,17 +75,24 @@ def test_interrupted_run_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, m
         return real_step(self)
 
     monkeypatch.setattr(Trainer, "train_step", stop_at_third)
-    cut = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut"))
+    cut = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut", *extra))
     with pytest.raises(KeyboardInterrupt):
         cut.fit(progress=False)
     assert sorted(steps_of(cut.run_dir)) == [1, 2]
     monkeypatch.setattr(Trainer, "train_step", real_step)
 
-    resumed = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut"), run_dir=cut.run_dir, resume=True)
+    resumed = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut", *extra), run_dir=cut.run_dir, resume=True)
     assert resumed.step == 2
     resumed.fit(progress=False)
     assert steps_of(cut.run_dir) == steps_of(full)
     assert steps_of(full)[3]["reward/mean"] == steps_of(cut.run_dir)[3]["reward/mean"]
+    if extra:  # the pieces really ran, so their state mattered
+        rows = steps_of(full).values()
+        assert all({"critic/loss", "mismatch/weight_mean", "sampling/retry_size", "sampling/picked_var", "sampling/rounds", "sampling/gold_injected"} <= r.keys() for r in rows)
+        assert any(r["sampling/retried_frac"] > 0 for r in rows) and any(r["sampling/rounds"] > 1 for r in rows)
+        documented = set(re.findall(r"`([a-z0-9_]+/[a-z0-9_]+)`", (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()))
+        logged = {k for r in rows for k in r if k.split("/")[0] in ("critic", "mismatch", "sampling", "rollout")}
+        assert logged <= documented, sorted(logged - documented)
 
 
 def test_user_jsonl_data_trains(tiny_model_dir, tmp_path):
@@ -83,3 +101,19 @@ def test_user_jsonl_data_trains(tiny_model_dir, tmp_path):
     cfg = run_cfg(tiny_model_dir, tmp_path, "user", "data.task=null", f"data.path={data}", "data.fields={prompt: q, answer: a}", "reward=arithmetic", "train.steps=1")
     d = Trainer(cfg).fit(progress=False).run_dir
     assert 1 in steps_of(d)
+
+
+def test_micro_batches_train_like_the_whole_batch(tiny_model_dir, tmp_path):
+    # 0.1 MiB forces every update into micro-batches of a few rows; the trained weights
+    # must match a run that takes each batch whole.
+    import torch
+    from safetensors.torch import load_file
+
+    runs = {}
+    for name, mb in (("whole", "0"), ("micro", "0.1")):
+        trainer = Trainer(run_cfg(tiny_model_dir, tmp_path, name, "train.steps=2", "train.eval_every=0", f"train.micro_batch_mb={mb}"))
+        if name == "micro":
+            assert 0 < trainer.micro_batch_tokens < 16 * 4
+        runs[name] = load_file(trainer.fit(progress=False).run_dir / "final" / "model.safetensors")
+    for k, v in runs["whole"].items():
+        assert torch.allclose(runs["micro"][k], v, atol=1e-5), k

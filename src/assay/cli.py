@@ -81,6 +81,21 @@ def cmd_reward_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from assay.bench.config import load_bench_config
+    from assay.bench.train import check_json_path, render, run_bench, write_json
+
+    cfg = load_bench_config(args.config, steps=args.steps, warmup=args.warmup, threads=args.threads,
+                            prompts_per_step=args.prompts, group_size=args.generations, max_new_tokens=args.max_new_tokens)
+    if args.json:
+        check_json_path(args.json)
+    report = run_bench(cfg, vs=args.vs, profile_dir=args.profile)
+    render(report)
+    if args.json:
+        write_json(report, args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="assay", description="RL post-training of language models with first-class rewards.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -115,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(fn=cmd_reward_score)
     ls = rsub.add_parser("list", help="every registered reward with its one-line doc")
     ls.set_defaults(fn=cmd_reward_list)
+
+    b = sub.add_parser("bench", help="benchmarks: time a GRPO training step against TRL and the compute-bound limit")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    bt = bsub.add_parser("train", help="the same GRPO step under TRL's GRPOTrainer and assay's trainer, each in its own process")
+    bt.add_argument("--vs", choices=["trl", "none"], default="trl", help="framework to compare with (none: assay alone; default trl)")
+    bt.add_argument("--config", default=None, metavar="FILE.yaml", help="bench config (model, task, step shape; see docs/performance.md)")
+    bt.add_argument("--steps", type=int, default=None, help="timed steps (default 5)")
+    bt.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 1)")
+    bt.add_argument("--threads", type=int, default=None, help="torch threads in every run (default: all cores this process may use)")
+    bt.add_argument("--prompts", type=int, default=None, help="prompts per step (default 8)")
+    bt.add_argument("--generations", type=int, default=None, help="completions per prompt (default 8)")
+    bt.add_argument("--max-new-tokens", type=int, default=None, help="completion length limit (default 32)")
+    bt.add_argument("--json", default=None, metavar="OUT", help="also write every figure to this JSON file")
+    bt.add_argument("--profile", default=None, metavar="DIR", help="record each run with py-spy into DIR (slows the runs)")
+    bt.set_defaults(fn=cmd_bench_train)
 
     r = sub.add_parser("pretrain", help="rebuild a bundled model from its recipe")
     r.add_argument("name", nargs="?", default="tiny-arith", help="recipe name (default tiny-arith)")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from assay.errors import AssayError
 
@@ -82,6 +82,73 @@ class AlgoConfig(Section):
     """Optimizer passes over each batch of rollouts."""
     minibatches: int = Field(1, ge=1)
     """Optimizer steps per pass (the batch is split into this many parts)."""
+    mismatch: Literal["none", "tis", "mis"] = "none"
+    """Rollout/trainer mismatch correction: `tis` truncates, `mis` masks the importance weight
+    π_trainer/π_sampler; either costs one extra forward pass per step (`none`: off)."""
+    mismatch_cap: float = Field(2.0, gt=0.0)
+    """Upper bound on that weight (tis: truncated to it; mis: tokens above it are masked)."""
+    mismatch_floor: float = Field(0.0, ge=0.0)
+    """mis only: tokens whose weight is below this are masked too."""
+    mismatch_level: Literal["token", "sequence"] = "token"
+    """One weight per token, or one per response (the product of its token ratios)."""
+
+    @model_validator(mode="after")
+    def _floor_below_cap(self) -> "AlgoConfig":
+        if self.mismatch_floor >= self.mismatch_cap:
+            raise ValueError(f"invalid config value algo.mismatch_floor={self.mismatch_floor!r}: must be below algo.mismatch_cap={self.mismatch_cap!r}")
+        return self
+
+
+class CriticConfig(Section):
+    """The learned value model that `gae` and `evpo` need; built only for an estimator that needs `values`.
+
+    It is a copy of the policy's backbone with a scalar head, trained by its own AdamW on
+    the clipped value loss, with the epochs and minibatches of `algo`.
+    """
+
+    lr: float = Field(1e-4, gt=0.0)
+    """Critic learning rate (constant; the critic has no warm-up)."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the critic's gradient norm to this value."""
+    value_clip: float | None = Field(0.2, gt=0.0)
+    """PPO value clipping: V may move at most this far from its rollout-time value (null: unclipped)."""
+
+
+class SamplingConfig(Section):
+    """Group sampling (docs/algorithms.md, "Group sampling"): which prompts to roll out, which groups to train on."""
+
+    prompts: Literal["stream", "variance"] = "stream"
+    """`stream`: the source's seeded order; `variance`: the variance-prioritised sampler over a pool of recent prompts."""
+    pool_size: int | None = Field(None, ge=1)
+    """`variance`: how many recent prompts are candidates (null: 4 × rollout.prompts_per_step)."""
+    var_prior: float = Field(0.25, ge=0.0)
+    """`variance`: the variance assumed for a prompt never rolled out (0.25: the largest of a 0/1 reward)."""
+    var_decay: float = Field(0.5, ge=0.0, lt=1.0)
+    """`variance`: weight of the old estimate in the moving average of a prompt's reward variance."""
+    var_floor: float = Field(0.01, gt=0.0)
+    """`variance`: added to every variance, so a prompt with variance 0 can still be drawn."""
+    var_temperature: float = Field(1.0, ge=0.0)
+    """`variance`: priority = (variance + floor) ** temperature (0: uniform)."""
+    retry: bool = False
+    """Keep prompts the policy could not solve in a retry buffer and roll them out again."""
+    retry_frac: float = Field(0.25, ge=0.0, le=1.0)
+    """Share of each step's prompts taken from the retry buffer when it holds any."""
+    retry_max: int = Field(3, ge=1)
+    """Failed retries after which a prompt is given up."""
+    retry_capacity: int = Field(1024, ge=1)
+    """Most prompts the buffer holds (the oldest leave first)."""
+    dynamic: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and generate more to refill the batch."""
+    max_rounds: int = Field(3, ge=1)
+    """`dynamic`: generation rounds per step at most (the bound on extra generation)."""
+    inject_gold: bool = False
+    """When every completion of a group failed, put the verified reference solution in place of its worst one."""
+    gold_field: str = "answer"
+    """Where the reference completion is: `answer`, or the name of a data field."""
+    success: float = 1.0
+    """A reward at or above this counts as solved (retry buffer, ground-truth injection)."""
 
 
 class OptimConfig(Section):
@@ -108,6 +175,10 @@ class TrainConfig(Section):
     """How many of the newest checkpoints to keep."""
     threads: int = Field(0, ge=0)
     """torch CPU threads (0: torch's default)."""
+    micro_batch_mb: float = Field(256.0, ge=0.0)
+    """Activation memory one forward/backward pass may keep, in MiB (estimated from the model's
+    sizes): a longer minibatch is split into micro-batches, shortest rows first, whose
+    gradients accumulate to one optimizer step equal to the whole minibatch's (0: never split)."""
 
 
 class RunConfig(Section):
@@ -129,8 +200,17 @@ class RunConfig(Section):
     """Seconds one item may take before it is failed."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _pool_holds_a_batch(self) -> "RunConfig":
+        pool, n = self.sampling.pool_size, self.rollout.prompts_per_step
+        if pool is not None and pool < n:
+            raise ValueError(f"invalid config value sampling.pool_size={pool!r}: must be at least rollout.prompts_per_step={n}")
+        return self
 
 
 def _parse_value(text: str) -> Any:
@@ -168,23 +248,28 @@ def _explain(err: ValidationError, data: dict[str, Any]) -> str:
             section = ann.annotation if ann and isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel) else section
         allowed = ", ".join(section.model_fields)
         return f"unknown config key {loc!r}; allowed here: {allowed}"
+    if e["type"] == "value_error" and str(e["msg"]).startswith("Value error, invalid config value"):
+        return str(e["msg"]).removeprefix("Value error, ")  # a cross-field check, already one full line
     return f"invalid config value {loc}={value!r}: {e['msg']}"
+
+
+def read_yaml_mapping(path: str) -> dict[str, Any]:
+    """The mapping at the top of a YAML config file; one `AssayError` line for anything else."""
+    p = Path(path)
+    if not p.is_file():
+        raise AssayError(f"config file {path!r} does not exist")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise AssayError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise AssayError(f"config file {path!r} must hold a mapping at the top level")
+    return loaded or {}
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Read YAML (optional), apply `key=value` overrides, validate."""
-    data: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        if not p.is_file():
-            raise AssayError(f"config file {path!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise AssayError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise AssayError(f"config file {path!r} must hold a mapping at the top level")
-        data = loaded or {}
+    data: dict[str, Any] = read_yaml_mapping(path) if path else {}
     for item in overrides or []:
         apply_override(data, item)
     try:

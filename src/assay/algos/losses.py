@@ -181,6 +181,9 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     return masked_mean(loss, mask)
 
 
+token_mean.unit = "token"  # what the denominator counts: micro-batches scale by their share of it
+
+
 @AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     """Mean over tokens within each sequence, then over sequences (the original GRPO)."""
@@ -206,6 +209,9 @@ def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, norm: float 
     """
     norm = loss.shape[-1] if norm is None else norm
     return (loss * mask.to(loss.dtype)).sum() / (loss.shape[0] * norm)
+
+
+seq_mean_token_mean.unit = seq_mean_token_sum.unit = seq_mean_token_sum_norm.unit = "sequence"
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, **kw) -> torch.Tensor:

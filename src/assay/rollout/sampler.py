@@ -3,7 +3,13 @@
 Each prompt is prefilled once and its cache is shared by its G completions; finished
 sequences leave the batch, so late steps only pay for sequences still running. The
 sampler records the logprob of every token it draws, under the same temperature the
-trainer uses, so the trainer can score exactly what was sampled.
+trainer uses, so the trainer can score exactly what was sampled and needs no second
+pass to get the old policy's logprobs.
+
+Two decoding paths give the same tokens and logprobs: `StaticDecoder`
+(`assay.rollout.decoder`, a preallocated cache, for the Llama family) and the generic
+Hugging Face path with a `DynamicCache` for every other model. `TorchSampler.path` says
+which one a model gets.
 """
 
 from __future__ import annotations
@@ -59,13 +65,58 @@ def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | N
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
-class TorchSampler:
-    """Generates completions with a Hugging Face causal LM in this process."""
+class _HFStepper:
+    """Decoding through the model's own forward with a growing `DynamicCache` (any causal LM)."""
 
-    def __init__(self, model, tokenizer, device: str | torch.device = "cpu"):
+    def __init__(self, model):
+        self.model = model
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
+        if repeat > 1:
+            self.cache.batch_repeat_interleave(repeat)
+        self.mask = mask.repeat_interleave(repeat, 0)
+        return out.logits[:, -1]
+
+    def select(self, idx: torch.Tensor) -> None:
+        self.cache.batch_select_indices(idx)
+        self.mask = self.mask[idx]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True)
+        return out.logits[:, -1]
+
+
+class TorchSampler:
+    """Generates completions with a Hugging Face causal LM in this process.
+
+    Args:
+        model, tokenizer: the policy and its tokenizer (left padding is applied here).
+        device: where the prompts go; the model must already be there.
+        fast: use `StaticDecoder` when the model supports it (set False to force the
+            generic Hugging Face path, for example to compare the two).
+        compact_frac: finished rows are dropped from the batch once at least this
+            fraction of the running rows has finished (dropping copies the cache).
+    """
+
+    def __init__(self, model, tokenizer, device: str | torch.device = "cpu", fast: bool = True, compact_frac: float = 0.25):
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.fast, self.compact_frac = fast, compact_frac
+
+    @property
+    def path(self) -> str:
+        """`static` (StaticDecoder) or `hf` (generic), with the reason when the fast path is not taken."""
+        from assay.rollout.decoder import supported
+
+        why = supported(self.model) if self.fast else "fast=False"
+        return "static" if why is None else f"hf ({why})"
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
         return [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -73,50 +124,47 @@ class TorchSampler:
     @torch.no_grad()
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt."""
-        from transformers import DynamicCache
+        from assay.rollout.decoder import StaticDecoder
 
         was_training = self.model.training
         self.model.eval()
+        stepper = StaticDecoder(self.model) if self.path == "static" else _HFStepper(self.model)
         prompt_ids = self.encode([s.prompt for s in samples])
         ids, mask = _left_pad(prompt_ids, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1]  # [U, V]
+        logits = stepper.prefill(ids, mask, n, params.max_new_tokens)
         if n > 1:
-            cache.batch_repeat_interleave(n)
-            logits, mask = logits.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-        next_pos = mask.sum(-1, keepdim=True)  # [B, 1]
-        total = len(samples) * n
-        tokens: list[list[int]] = [[] for _ in range(total)]
-        logprobs: list[list[float]] = [[] for _ in range(total)]
-        finished = [False] * total
-        active = torch.arange(total, device=self.device)  # rows of the batch still running
-        for step in range(params.max_new_tokens):
+            logits = logits.repeat_interleave(n, 0)
+        total, steps = len(samples) * n, params.max_new_tokens
+        tokens = torch.full((total, steps), self.pad_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((total, steps), dtype=torch.float32, device=self.device)
+        lengths = torch.full((total,), steps, dtype=torch.long, device=self.device)
+        next_pos = mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # [B, 1]
+        active = torch.arange(total, device=self.device)  # batch rows still in the cache
+        running = torch.ones(total, dtype=torch.bool, device=self.device)  # of those, not finished yet
+        for step in range(steps):
             tok, lp = _pick(logits, params, generator)
-            for row, t, l in zip(active.tolist(), tok.tolist(), lp.tolist()):
-                tokens[row].append(t)
-                logprobs[row].append(l)
-                if t == self.eos_id:
-                    finished[row] = True
-            if step == params.max_new_tokens - 1:
+            rows = active[running]
+            tokens[rows, step], logprobs[rows, step] = tok[running], lp[running]
+            ended = running & (tok == self.eos_id)
+            lengths[active[ended]] = step + 1
+            running = running & ~ended
+            alive = int(running.sum())
+            if alive == 0 or step == steps - 1:
                 break
-            keep = tok != self.eos_id  # [A]
-            if not bool(keep.any()):
-                break
-            if not bool(keep.all()):
-                idx = keep.nonzero()[:, 0]
-                cache.batch_select_indices(idx)
-                active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True)
-            logits = out.logits[:, -1]
+            if alive <= (1 - self.compact_frac) * running.numel():
+                keep = running.nonzero()[:, 0]
+                stepper.select(keep)
+                active, tok, next_pos, running = active[keep], tok[keep], next_pos[keep], running[keep]
+            logits = stepper.step(tok, next_pos)
             next_pos = next_pos + 1
         self.model.train(was_training)
+        lengths_l, tokens_l, logprobs_l = lengths.tolist(), tokens.tolist(), logprobs.tolist()
+        finished = [n_ < steps or (n_ == steps and tokens_l[r][steps - 1] == self.eos_id) for r, n_ in enumerate(lengths_l)]
         trajs = []
         for row in range(total):
-            g = row // n
-            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
-            trajs.append(Trajectory(samples[g], text, prompt_ids[g], tokens[row], logprobs[row], finished[row], group=g))
+            g, k = row // n, lengths_l[row]
+            ids_row = tokens_l[row][:k]
+            text = self.tokenizer.decode(ids_row, skip_special_tokens=True)
+            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs_l[row][:k], finished[row], group=g))
         return trajs

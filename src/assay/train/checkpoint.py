@@ -27,8 +27,14 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     generator.set_state(state["sampler"])
 
 
-def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any]) -> Path:
-    """Write model + tokenizer (HF format) and `trainer_state.pt` to `folder`, atomically."""
+def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+    """Write model + tokenizer (HF format) and `trainer_state.pt` to `folder`, atomically.
+
+    `tensors` maps a file stem to more weights written beside them (`critic` →
+    `critic.safetensors`); read one back with `load_tensors(folder, stem)`.
+    """
+    from safetensors.torch import save_file
+
     from assay.models import quiet_hf
 
     quiet_hf()
@@ -39,6 +45,8 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any]) -> Pa
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
+    for stem, weights in (tensors or {}).items():
+        save_file(weights, tmp / f"{stem}.safetensors")
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
@@ -61,3 +69,10 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
 
 def load_state(folder: Path) -> dict[str, Any]:
     return torch.load(Path(folder) / STATE_FILE, weights_only=False)
+
+
+def load_tensors(folder: Path, stem: str) -> dict[str, torch.Tensor]:
+    """Weights saved with `save_checkpoint(..., tensors={stem: ...})`."""
+    from safetensors.torch import load_file
+
+    return load_file(Path(folder) / f"{stem}.safetensors")

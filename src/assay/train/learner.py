@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from assay.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, aggregate, requirements
+from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, requirements
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
+from assay.train.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult, Trajectory
 
 
@@ -29,13 +30,14 @@ class Batch:
     rewards: torch.Tensor  # [B] NaN where unscored
     group: torch.Tensor  # [B]
     components: torch.Tensor  # [B, K] named reward components (sorted names), NaN where absent
+    is_weights: torch.Tensor | None = None  # [B, T] TIS/MIS weights on the policy loss (algo.mismatch); None: off
 
     @property
     def response_len(self) -> int:
         return self.mask.shape[1]
 
     def select(self, idx: torch.Tensor) -> "Batch":
-        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+        return Batch(*(None if (v := getattr(self, f)) is None else v[idx] for f in self.__dataclass_fields__))
 
 
 def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, device: torch.device) -> Batch:
@@ -64,20 +66,52 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
     return Batch(ids.to(device), attn.to(device), pos.to(device), mask.to(device), old.to(device), rewards, group, comps)
 
 
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fused_head(model) -> torch.Tensor | None:
+    """The LM head's weight when logits are exactly `hidden @ W.T` (no bias, scale or soft-cap), else None."""
+    from assay.rollout.decoder import FAMILY
+
+    cfg = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if getattr(cfg, "model_type", None) not in FAMILY or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return None
+    return head.weight
+
+
+#: logits of at least this many elements (`B·T·V`; 128 MB in fp32) go through the chunked LM head
+CHUNKED_MIN_ELEMENTS = 1 << 25
+
+
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                   entropy_grad: bool = False, chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob `[B, T]` of each completion token under `model` (and its entropy `[B, T]`).
 
-    Only the T positions that predict completion tokens go through the LM head.
+    Only the T positions that predict completion tokens go through the LM head. When the
+    logits would be large (`chunked=None`: at least `CHUNKED_MIN_ELEMENTS`) and the model is
+    of the Llama family, the head runs in chunks (`assay.train.logprobs`), so `[B, T, V]`
+    logits are never held for the backward pass; the entropy then comes without a
+    gradient, which is all a metric needs. Below that size the plain path is faster (one
+    matmul, no recomputation). `entropy_grad=True` (an entropy bonus) always takes the
+    plain path, where the entropy is differentiable.
     """
     T = batch.response_len
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1].float() / temperature  # [B, T, V]
-    logp = torch.log_softmax(logits, dim=-1)
     targets = batch.input_ids[:, -T:]  # [B, T]
+    weight = None if entropy_grad or chunked is False else _fused_head(model)
+    if weight is not None and chunked is None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
+        weight = None
+    if weight is not None:
+        out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+        hidden = out.last_hidden_state[:, -T - 1 : -1]  # [B, T, H]: the positions that predict completion tokens
+        return token_logprobs_from_hidden(hidden, weight, targets, temperature, with_entropy=with_entropy)
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
+    logits = out.logits[:, :-1].float()  # [B, T, V]
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     lp = logp.gather(-1, targets[..., None])[..., 0]
     ent = None
     if with_entropy:
-        ent = -(logp.exp() * logp).sum(-1)  # [B, T]
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = -(logp.exp() * logp).sum(-1)  # [B, T]
     return lp, ent
 
 
@@ -88,11 +122,12 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     When the estimator itself takes the reference logprobs (FRPO), KL enters through the
     advantages and is left out of the loss.
     """
-    need_entropy = True
-    logprobs, entropy = token_logprobs(model, batch, temperature, with_entropy=need_entropy)
+    logprobs, entropy = token_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
     loss_fn = POLICY_LOSSES.get(algo.loss)
     clips = {k: v for k, v in (("clip_low", algo.clip_low), ("clip_high", algo.clip_high)) if v is not None}
     loss_mat, metrics = loss_fn(logprobs, batch.old_logprobs, advantages, batch.mask, **clips, **algo.loss_args)
+    if batch.is_weights is not None:  # rollout/trainer mismatch correction: weights the policy term only
+        loss_mat = loss_mat * batch.is_weights
     out = {f"actor/{k}": v for k, v in metrics.items()}
     if ref_model is not None and algo.kl_coef > 0 and "ref_logprobs" not in requirements(algo.advantage):
         with torch.no_grad():
@@ -109,6 +144,96 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     loss = aggregate(loss_mat, batch.mask, algo.aggregation, norm=norm)
     out["actor/loss"] = loss.item()
     return loss, out
+
+
+def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
+    """Drop columns that are padding in every row: leading prompt pads and trailing completion pads.
+
+    Position ids come from the attention mask and are kept, so the model sees the same
+    sequences; only less padding goes through it.
+    """
+    T = batch.response_len
+    P = batch.input_ids.shape[1] - T
+    prompt_cols = batch.attention_mask[:, :P].any(0).nonzero()
+    start = int(prompt_cols[0]) if prompt_cols.numel() else P
+    lengths = batch.mask.sum(-1)
+    t = max(1, int(lengths.max())) if lengths.numel() else 1
+    if start == 0 and t == T:
+        return batch, advantages
+    cols = slice(start, P + t)
+    is_w = batch.is_weights[:, :t] if batch.is_weights is not None else None
+    out = Batch(batch.input_ids[:, cols], batch.attention_mask[:, cols], batch.position_ids[:, cols], batch.mask[:, :t],
+                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w)
+    return out, advantages[:, :t]
+
+
+def activation_bytes_per_token(model) -> int:
+    """Rough memory the backward pass keeps per token: layers × (16·hidden + 8·intermediate) values.
+
+    Fitted to Qwen2/Llama blocks under autograd (norms, q/k/v, attention output, the MLP's
+    gate, up, activation and product); within ~5% of the measured peak for the models
+    used here. Used only to size micro-batches (`train.micro_batch_mb`).
+    """
+    cfg = model.config
+    hidden = getattr(cfg, "hidden_size", 0) or 0
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    layers = getattr(cfg, "num_hidden_layers", 1) or 1
+    itemsize = next(model.parameters()).element_size()
+    return max(1, layers * (16 * hidden + 8 * inter) * itemsize)
+
+
+def pack_rows(batch: Batch, budget: int) -> list[torch.Tensor]:
+    """Split the rows into micro-batches of at most `budget` padded tokens each, shortest first.
+
+    Rows are sorted by completion length, so each micro-batch pads to its own longest row
+    (see `trim`); a row longer than the budget gets a micro-batch to itself.
+    """
+    T = batch.response_len
+    prompt_len = batch.attention_mask[:, : batch.input_ids.shape[1] - T].sum(-1).tolist()
+    comp_len = batch.mask.sum(-1).long().tolist()
+    order = sorted(range(len(comp_len)), key=lambda i: comp_len[i])
+    groups: list[list[int]] = [[]]
+    width_p = width_c = 0
+    for i in order:
+        p, c = max(width_p, prompt_len[i]), max(width_c, comp_len[i], 1)
+        if groups[-1] and (len(groups[-1]) + 1) * (p + c) > budget:
+            groups.append([])
+            p, c = prompt_len[i], max(comp_len[i], 1)
+        groups[-1].append(i)
+        width_p, width_c = p, c
+    return [torch.tensor(g, dtype=torch.long, device=batch.mask.device) for g in groups]
+
+
+def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
+                    micro_batch_tokens: int = 0) -> dict[str, float]:
+    """Forward and backward over `batch` in micro-batches, accumulating gradients (the optimizer step is the caller's).
+
+    The gradient equals that of one `policy_step` over the whole batch: each micro-batch's
+    aggregated loss is scaled by its share of the aggregation's denominator (tokens for
+    `token-mean`, sequences for the `seq-mean-*` modes), and every loss, KL and entropy
+    term is per token, so nothing else couples rows. Micro-batches hold at most
+    `micro_batch_tokens` padded tokens (`pack_rows`) and are trimmed of padding they do not
+    need, so peak activation memory follows the budget rather than the batch.
+    `micro_batch_tokens=0`, or an aggregation that declares no `unit`, runs the batch whole.
+    """
+    B = batch.mask.shape[0]
+    unit = getattr(AGGREGATIONS.get(algo.aggregation), "unit", None)
+    if not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens:
+        loss, metrics = policy_step(model, ref_model, batch, advantages, algo, temperature, norm)
+        loss.backward()
+        return metrics
+    total = float(batch.mask.sum()) if unit == "token" else float(B)
+    out: dict[str, float] = {}
+    for idx in pack_rows(batch, micro_batch_tokens):
+        sub, adv = trim(batch.select(idx), advantages[idx])
+        share = (float(sub.mask.sum()) if unit == "token" else float(idx.numel())) / max(total, 1.0)
+        if share == 0.0:
+            continue
+        loss, metrics = policy_step(model, ref_model, sub, adv, algo, temperature, norm)
+        (loss * share).backward()
+        for k, v in metrics.items():
+            out[k] = out.get(k, 0.0) + v * share
+    return out
 
 
 def step_tensors(trajs: list[Trajectory], results: list[RewardResult], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +263,7 @@ SUPPLIED = {
     "logprobs": lambda b, x: b.old_logprobs.cpu(),
     "ref_logprobs": lambda b, x: x["ref_logprobs"].cpu(),
     "greedy_rewards": lambda b, x: x["greedy_rewards"],
+    "values": lambda b, x: x["values"].cpu(),
     "step_rewards": lambda b, x: x["step_rewards"],
     "step_ends": lambda b, x: x["step_ends"],
 }
@@ -147,7 +273,8 @@ def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict[str, torch.T
     """Advantages `[B, T]` from the estimator named in the config, given the extras it declares.
 
     `extras` holds what the loop computed for this step (reference logprobs, greedy-rollout
-    rewards, step rewards); an estimator whose needs cannot be met is refused in one line.
+    rewards, step rewards, critic values); an estimator whose needs cannot be met is refused
+    in one line.
     """
     extras = extras or {}
     fn = ADVANTAGES.get(algo.advantage)
@@ -155,7 +282,7 @@ def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict[str, torch.T
     derived = {"components", "correct", "logprobs"}
     missing = sorted(n for n in needs if n not in derived and n not in extras)
     if missing:
-        hint = {"ref_logprobs": " (set algo.kl_coef > 0 to load a reference model)", "values": " (a learned critic is not supported by this trainer yet)"}
+        hint = {"ref_logprobs": " (set algo.kl_coef > 0 to load a reference model)", "values": " (the Trainer builds a critic for it; called directly, pass extras={\"values\": V})"}
         raise AssayError(f"algo.advantage={algo.advantage!r} needs {', '.join(missing)}, which this run does not supply" + "".join(hint.get(m, "") for m in missing))
     if "components" in needs and batch.components.shape[1] == 0:
         raise AssayError(f"algo.advantage={algo.advantage!r} needs named reward components; use a composed reward block (docs/rewards.md)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -28,9 +29,12 @@ from assay.report.metrics import JsonlSink
 from assay.report.run_report import write_report
 from assay.rewards.executor_factory import make_executor
 from assay.rollout.sampler import SamplingParams, TorchSampler
-from assay.train.checkpoint import latest_checkpoint, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, requirements
-from assay.train.learner import collate, compute_advantages, policy_step, step_tensors, token_logprobs
+from assay.train.checkpoint import latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
+from assay.data.samplers import DynamicSampler
+from assay.train.critic import Critic
+from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
+from assay.train.learner import accumulate_step, activation_bytes_per_token, collate, compute_advantages, step_tensors, token_logprobs
 from assay.train.progress import RunProgress
 
 
@@ -52,12 +56,12 @@ def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
     return lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
 
 
-def rollout_metrics(trajs, batch) -> dict[str, float]:
-    """Sampled accuracy and completion lengths (reward statistics come from `reward_health`)."""
-    scored = batch.rewards[~torch.isnan(batch.rewards)]
+def rollout_metrics(trajs, results) -> dict[str, float]:
+    """Sampled accuracy and completion lengths of every generated completion (reward statistics come from `reward_health`)."""
+    scored = [float(r.score) for r in results if r.score is not None and not math.isnan(float(r.score))]
     lengths = [len(t.completion_ids) for t in trajs]
     return {
-        "train/accuracy": (scored >= 1.0).float().mean().item() if scored.numel() else math.nan,
+        "train/accuracy": sum(x >= 1.0 for x in scored) / len(scored) if scored else math.nan,
         "rollout/response_length": sum(lengths) / len(lengths),
         "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
     }
@@ -86,10 +90,15 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
+        self.picker = PromptPicker(self.source, cfg.sampling, cfg.rollout.prompts_per_step, cfg.seed)
+        self.gold = GoldInjector(self.tokenizer, cfg.sampling.gold_field, cfg.sampling.success) if cfg.sampling.inject_gold else None
+        self.critic = Critic(self.model, cfg.critic, cfg.seed) if "values" in requirements(cfg.algo.advantage) else None
         self.executor = make_executor(cfg, self.source.reward)
         self.run_dir = Path(run_dir) if run_dir else make_run_dir(cfg)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.sampler = TorchSampler(self.model, self.tokenizer, self.device)
+        mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
+        self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
@@ -105,10 +114,12 @@ class Trainer:
         return {
             "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "data": self.source.state_dict(), "rng": rng_state(self.generator), "config": self.cfg.model_dump(mode="json"),
+            "sampling": self.picker.state_dict(), "critic_optimizer": self.critic.opt.state_dict() if self.critic else None,
         }
 
     def save(self) -> Path:
-        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state())
+        tensors = {"critic": self.critic.tensors()} if self.critic else None
+        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors)
         self.sink.sync()
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
         return folder
@@ -126,31 +137,101 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.source.load_state_dict(state["data"])
+        if state.get("sampling") is not None:  # absent from checkpoints written before group sampling existed
+            self.picker.load_state_dict(state["sampling"])
+        if self.critic is not None:
+            if state.get("critic_optimizer") is None or not (ckpt / "critic.safetensors").is_file():
+                raise AssayError(f"--resume: {ckpt} has no critic; algo.advantage={self.cfg.algo.advantage!r} needs one (resume with the run's own config)")
+            self.critic.load(load_tensors(ckpt, "critic"), state["critic_optimizer"])
         set_rng_state(state["rng"], self.generator)
         self.step = state["step"]
 
     # -- one step ----------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         cfg, t0 = self.cfg, time.perf_counter()
-        prompts = self.source.next_batch(cfg.rollout.prompts_per_step)
-        trajs = self.sampler.generate(prompts, cfg.rollout.group_size, self.sampling, self.generator)
-        t_gen = time.perf_counter()
-        results = self.executor.score(trajs)
+        trajs, results, metrics = self._rollout()
         t_rew = time.perf_counter()
+        prompts = list({t.group: t.sample for t in trajs}.values())  # one per group, in group order
         batch = collate(trajs, results, self.sampler.pad_id, self.device)
-        advantages = compute_advantages(batch, cfg.algo, self._extras(prompts, trajs, results, batch))  # [B, T]
-        metrics = rollout_metrics(trajs, batch)
-        metrics.update(self.executor.health(results, trajs))
+        if cfg.algo.mismatch != "none":
+            batch, mismatch = self._correct_mismatch(batch)
+            metrics.update(mismatch)
+        extras = self._extras(prompts, trajs, results, batch)
+        advantages = compute_advantages(batch, cfg.algo, extras)  # [B, T]
         metrics.update(self._update(batch, advantages))
+        if self.critic is not None:  # after the policy, on the values its advantages used
+            gae = {k: cfg.algo.advantage_args.get(k, 1.0) for k in ("gamma", "lam")}  # compute_gae's defaults
+            metrics.update(self.critic.update(batch, extras["values"], **gae, epochs=cfg.algo.epochs, minibatches=cfg.algo.minibatches))
         t_end = time.perf_counter()
-        tokens = sum(len(t.completion_ids) for t in trajs)
         metrics.update({
-            "perf/step_s": t_end - t0, "perf/generate_s": t_gen - t0, "perf/reward_s": t_rew - t_gen,
-            "perf/update_s": t_end - t_rew, "perf/tokens_per_s": tokens / (t_end - t0),
-            "actor/lr": self.sched.get_last_lr()[0],
+            "perf/step_s": t_end - t0, "perf/update_s": t_end - t_rew,
+            "perf/tokens_per_s": metrics["rollout/tokens"] / (t_end - t0), "actor/lr": self.sched.get_last_lr()[0],
         })
         self.sched.step()
         return metrics
+
+    def _rollout(self) -> tuple[list, list, dict[str, float]]:
+        """Generate and score until the step's groups are chosen (one round, or DAPO's rounds).
+
+        Prompts come from the picker; every round's groups are reported to it, then get
+        the reference solution where all failed (`sampling.inject_gold`), then pass DAPO's
+        filter (`sampling.dynamic`). Rollout and reward metrics cover every generated
+        completion; if no round kept a group, the last round is trained on as it is.
+        """
+        cfg, n = self.cfg, self.cfg.rollout.prompts_per_step
+        dynamic = DynamicSampler(n, cfg.sampling.max_rounds) if cfg.sampling.dynamic else None
+        every: tuple[list, list] = ([], [])
+        summed = {"perf/generate_s": 0.0, "perf/reward_s": 0.0, "sampling/gold_injected": 0.0, "sampling/gold_rejected": 0.0}  # over rounds
+        while True:
+            t0 = time.perf_counter()
+            trajs = self.sampler.generate(self.picker.next(n), cfg.rollout.group_size, self.sampling, self.generator)
+            t1 = time.perf_counter()
+            results = self.executor.score(trajs)
+            summed["perf/generate_s"] += t1 - t0
+            summed["perf/reward_s"] += time.perf_counter() - t1
+            for t in trajs:  # group ids unique over the step's rounds, for the reward-health metrics
+                t.group += len(every[0]) // cfg.rollout.group_size
+            every[0].extend(trajs)
+            every[1].extend(results)
+            groups = split_groups(trajs, results)
+            self.picker.observe(groups)
+            if self.gold is not None:
+                groups, counts = self.gold(groups, self.executor, self._logprobs_of)
+                summed.update({k: summed[k] + v for k, v in counts.items()})
+            if dynamic is None:
+                break
+            dynamic.add(groups, [scores(g) for g in groups])
+            if dynamic.done:
+                break
+        metrics = rollout_metrics(*every)
+        metrics.update(self.executor.health(every[1], every[0]))
+        metrics.update(self.picker.metrics())
+        metrics.update({k: v for k, v in summed.items() if k.startswith("perf/") or self.gold is not None})
+        metrics["rollout/tokens"] = sum(len(t.completion_ids) for t in every[0])
+        if dynamic is not None:
+            metrics.update(dynamic.metrics())
+            groups = dynamic.take()[0] or groups
+        trajs, results = join_groups(groups)
+        return trajs, results, metrics
+
+    def _correct_mismatch(self, batch):
+        """Recompute the sampled tokens' logprobs with the trainer (no grad); TIS/MIS weights for the loss.
+
+        The trainer's logprobs become π_old of the policy ratio; the weights
+        π_trainer/π_sampler, truncated or masked, multiply the per-token policy loss.
+        """
+        algo = self.cfg.algo
+        with torch.no_grad():
+            trainer_lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)  # [B, T]
+        weights, metrics = mismatch_correction(trainer_lp, batch.old_logprobs, batch.mask, algo.mismatch, algo.mismatch_cap, algo.mismatch_floor, algo.mismatch_level)
+        return dataclasses.replace(batch, old_logprobs=trainer_lp * batch.mask, is_weights=weights), metrics
+
+    def _logprobs_of(self, trajs, results) -> list[list[float]]:
+        """The trainer's logprobs of completions no sampler drew (injected reference solutions)."""
+        batch = collate(trajs, results, self.sampler.pad_id, self.device)
+        with torch.no_grad():
+            lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
+        return [lp[i, : len(t.completion_ids)].tolist() for i, t in enumerate(trajs)]
 
     def _extras(self, prompts, trajs, results, batch) -> dict[str, torch.Tensor]:
         """What the selected estimator declares it needs beyond rewards and groups."""
@@ -164,6 +245,8 @@ class Trainer:
             extras["greedy_rewards"] = scores[batch.group]
         if needs & {"step_rewards", "step_ends"}:
             extras["step_rewards"], extras["step_ends"] = step_tensors(trajs, results, self.tokenizer)
+        if "values" in needs:
+            extras["values"] = self.critic.values(batch)  # [B, T]
         return extras
 
     def _update(self, batch, advantages) -> dict[str, float]:
@@ -173,9 +256,9 @@ class Trainer:
         B = batch.rewards.shape[0]
         for _ in range(cfg.algo.epochs):
             for idx in torch.arange(B).chunk(cfg.algo.minibatches):
-                loss, m = policy_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
+                m = accumulate_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature,
+                                    cfg.rollout.max_new_tokens, self.micro_batch_tokens)
                 m["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
                 self.opt.step()
                 for k, v in m.items():

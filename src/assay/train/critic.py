@@ -1,0 +1,105 @@
+"""The learned critic of `gae` and `evpo`: a value model beside the policy, with its own optimizer.
+
+As in OpenRLHF and verl, the critic is a separate model initialised from the policy's
+backbone weights, with a scalar head in place of the LM head. It reads the same packed
+`Batch` as the policy and gives V_t, the value of the state before completion token t.
+Its target is the GAE return of `assay.algos.compute_gae`, and it is trained on PPO's
+clipped value loss (`assay.algos.value_loss`), aggregated as `token-mean`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from assay.algos import aggregate, compute_gae, explained_variance, value_loss
+from assay.algos.losses import masked_mean
+from assay.config import CriticConfig
+
+
+class ValueModel(torch.nn.Module):
+    """A causal-LM backbone plus a linear head from the hidden state to one value."""
+
+    def __init__(self, policy, seed: int = 0):
+        super().__init__()
+        self.backbone = copy.deepcopy(policy.base_model)  # the transformer without its LM head
+        hidden = policy.config.hidden_size
+        self.head = torch.nn.Linear(hidden, 1)
+        gen = torch.Generator().manual_seed(seed)  # its own stream: building a critic leaves the run's RNG alone
+        std = getattr(policy.config, "initializer_range", 0.02)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(self.head.weight.shape, generator=gen) * std)
+            self.head.bias.zero_()
+        ref = next(policy.parameters())
+        self.head.to(device=ref.device, dtype=ref.dtype)
+        self.requires_grad_(True)
+
+    def forward(self, batch) -> torch.Tensor:
+        """Values `[B, T]`: position P+t−1 (the state that predicts token t) for each completion token t."""
+        T = batch.response_len
+        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+        h = out.last_hidden_state[:, -(T + 1) : -1]  # [B, T, H]
+        return self.head(h)[..., 0].float()
+
+
+class Critic:
+    """The value model, its AdamW and one update per step.
+
+    Per step the trainer calls `values(batch)` before the policy update (the estimator's
+    `values` extra) and `update(batch, values, gamma, lam, epochs, minibatches)` after it.
+    """
+
+    def __init__(self, policy, cfg: CriticConfig, seed: int = 0):
+        self.cfg = cfg
+        self.model = ValueModel(policy, seed).eval()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    @torch.no_grad()
+    def values(self, batch) -> torch.Tensor:
+        """V `[B, T]` of the rollout (detached, 0 on padding): the critic's side of the advantage."""
+        return self.model(batch) * batch.mask
+
+    def update(self, batch, old_values: torch.Tensor, gamma: float, lam: float, epochs: int, minibatches: int) -> dict[str, float]:
+        """Fit V to the GAE returns of `old_values`; returns the `critic/` metrics.
+
+        Args:
+            batch: the step's `Batch`; old_values: `[B, T]` from `values(batch)` before any update.
+            gamma, lam: the estimator's GAE parameters, so the targets are its returns.
+            epochs, minibatches: passes over the batch and optimizer steps per pass.
+        """
+        mask = batch.mask
+        _, returns = compute_gae(batch.rewards.to(mask.device), old_values, mask, gamma, lam)  # [B, T]
+        scored = mask * (~torch.isnan(batch.rewards.to(mask.device)))[:, None]  # unscored rows have no target
+        out = {
+            "critic/explained_variance": explained_variance(old_values, returns, scored),
+            "critic/value_mean": masked_mean(old_values, mask).item(),
+        }
+        agg: dict[str, list[float]] = {}
+        self.model.train()
+        B = mask.shape[0]
+        for _ in range(epochs):
+            for idx in torch.arange(B).chunk(minibatches):
+                m = scored[idx]
+                if m.sum() == 0:
+                    continue
+                loss_mat, lm = value_loss(self.model(batch.select(idx)), old_values[idx], returns[idx], m, clip=self.cfg.value_clip)
+                loss = aggregate(loss_mat, m, "token-mean")
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip).item()
+                self.opt.step()
+                for k, v in {"critic/loss": loss.item(), "critic/grad_norm": grad_norm, "critic/vf_clip_frac": lm["vf_clip_frac"]}.items():
+                    agg.setdefault(k, []).append(v)
+        self.model.eval()
+        out.update({k: sum(v) / len(v) for k, v in agg.items()})
+        return out
+
+    # -- checkpoints -------------------------------------------------------------------
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The weights, for `critic.safetensors` in a checkpoint."""
+        return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
+
+    def load(self, tensors: dict[str, torch.Tensor], optimizer: dict) -> None:
+        self.model.load_state_dict(tensors)
+        self.opt.load_state_dict(optimizer)

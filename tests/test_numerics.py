@@ -1,0 +1,228 @@
+"""Speed must never change what is learned.
+
+The fast paths (the preallocated-cache decoder, the chunked LM head) are checked against
+plain reference implementations written out here: the same logprobs, losses and
+gradients within 1e-5, and sampling that a seed reproduces.
+"""
+
+import pytest
+import torch
+
+from assay.config import AlgoConfig
+from assay.data.tasks import make_task
+from assay.models import build_char_tokenizer, quiet_hf
+from assay.rollout.decoder import StaticDecoder, supported
+from assay.rollout.sampler import SamplingParams, TorchSampler
+from assay.train import learner
+from assay.train.logprobs import token_logprobs_from_hidden
+from assay.types import RewardResult
+
+quiet_hf()
+TOK = build_char_tokenizer()
+
+
+def _model(kind: str = "qwen2", kv_heads: int = 4, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[kind]
+    cfg = cls[0](vocab_size=len(TOK), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
+                 intermediate_size=128, max_position_embeddings=128, tie_word_embeddings=kind != "llama",
+                 pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id, bos_token_id=TOK.bos_token_id)
+    torch.manual_seed(seed)
+    return cls[1](cfg).float().eval()
+
+
+def _prompts(n=4):
+    task = make_task("arithmetic", terms=3)
+    return [s for _, s in zip(range(n), task.stream("train", 0))]
+
+
+def _batch(model, n_prompts=4, group=4, max_new=12, seed=0):
+    trajs = TorchSampler(model, TOK).generate(_prompts(n_prompts), group, SamplingParams(max_new, 1.0), torch.Generator().manual_seed(seed))
+    results = [RewardResult(score=float(i % 3 == 0)) for i in range(len(trajs))]
+    return trajs, learner.collate(trajs, results, TOK.pad_token_id, torch.device("cpu"))
+
+
+def _grads(model):
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def _assert_close(a, b, tol=1e-5):
+    scale = max(1.0, float(b.abs().max()))
+    assert float((a - b).abs().max()) <= tol * scale, float((a - b).abs().max())
+
+
+# -- sampling ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,kv_heads", [("qwen2", 4), ("qwen2", 2), ("llama", 1), ("qwen3", 2)])
+def test_static_decoder_matches_the_hf_path_and_the_trainer(kind, kv_heads):
+    model = _model(kind, kv_heads)
+    assert supported(model) is None
+    runs = {}
+    for fast in (True, False):
+        sampler = TorchSampler(model, TOK, fast=fast)
+        assert sampler.path.startswith("static" if fast else "hf")
+        runs[fast] = sampler.generate(_prompts(), 4, SamplingParams(16, 1.0), torch.Generator().manual_seed(3))
+    for a, b in zip(runs[True], runs[False]):
+        assert a.completion_ids == b.completion_ids and a.finished == b.finished
+        _assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+    # the sampler's logprobs are what the trainer computes for the same tokens
+    batch = learner.collate(runs[True], [RewardResult(score=0.0)] * len(runs[True]), TOK.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        lp, _ = learner.token_logprobs(model, batch)
+    _assert_close(lp * batch.mask, batch.old_logprobs)
+
+
+def test_sampling_with_a_seed_is_reproducible_and_greedy_is_argmax():
+    model = _model()
+    sampler = TorchSampler(model, TOK)
+    draw = lambda: sampler.generate(_prompts(), 4, SamplingParams(16, 1.0), torch.Generator().manual_seed(7))
+    a, b = draw(), draw()
+    assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
+    assert [t.logprobs for t in a] == [t.logprobs for t in b]
+    other = sampler.generate(_prompts(), 4, SamplingParams(16, 1.0), torch.Generator().manual_seed(8))
+    assert [t.completion_ids for t in a] != [t.completion_ids for t in other]
+    # greedy: each token is the argmax of a plain full forward pass over the prefix
+    (g,) = sampler.generate(_prompts(1), 1, SamplingParams(8, 0.0))
+    ids = list(g.prompt_ids)
+    for t in g.completion_ids:
+        with torch.no_grad():
+            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        assert nxt == t
+        ids.append(t)
+
+
+def test_dropping_finished_rows_does_not_change_the_samples():
+    # Greedy decoding is a function of the model alone, so dropping finished rows from the
+    # cache must leave every completion as it is. (Seeded sampling is reproducible for a
+    # fixed setting, but the random stream is drawn over the rows still running.)
+    from assay.models import load_policy
+
+    model, tok = load_policy("tiny-arith")  # trained: its answers end with EOS after 1-3 digits
+    prompts = [s for _, s in zip(range(24), make_task("arithmetic").stream("train", 0))]
+    out = {}
+    for frac in (0.01, 1.0):  # drop at the first finished row / never drop
+        out[frac] = TorchSampler(model, tok, compact_frac=frac).generate(prompts, 1, SamplingParams(8, 0.0))
+    lengths = {len(t.completion_ids) for t in out[1.0]}
+    assert max(lengths) < 8 and max(lengths) > min(lengths)  # rows did finish, at different steps
+    for a, b in zip(out[0.01], out[1.0]):
+        assert a.completion_ids == b.completion_ids
+        _assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+    sampled = TorchSampler(model, tok, compact_frac=0.01).generate(prompts[:6], 4, SamplingParams(8, 1.0), torch.Generator().manual_seed(0))
+    batch = learner.collate(sampled, [RewardResult(score=0.0)] * len(sampled), tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        lp, _ = learner.token_logprobs(model, batch)
+    _assert_close(lp * batch.mask, batch.old_logprobs)
+
+
+def test_static_decoder_refuses_what_it_cannot_run():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOK), n_embd=32, n_layer=1, n_head=2, n_positions=64))
+    assert "gpt2" in supported(gpt2)
+    assert TorchSampler(gpt2, TOK).path.startswith("hf")
+    sliding = _model()
+    sliding.config.layer_types = ["sliding_attention", "full_attention"]
+    assert "sliding" in supported(sliding)
+
+
+# -- the trainer's logprobs ---------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_lm_head_equals_full_log_softmax(temperature):
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 9, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    targets = torch.randint(0, 40, (5, 9))
+    upstream = torch.randn(5, 9)
+    lp, ent = token_logprobs_from_hidden(hidden, weight, targets, temperature, chunk=7, with_entropy=True)  # 45 rows: a ragged last chunk
+    (lp * upstream).sum().backward()
+    got = (lp.detach(), ent, hidden.grad.clone(), weight.grad.clone())
+    # the reference in float64, so that the comparison measures the fp32 error of the fast path
+    h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    logp = torch.log_softmax(h64 @ w64.t() / temperature, dim=-1)
+    ref = logp.gather(-1, targets[..., None])[..., 0]
+    (ref * upstream.double()).sum().backward()
+    _assert_close(got[0].double(), ref.detach())
+    _assert_close(got[1].double(), -(logp.exp() * logp).sum(-1).detach())
+    _assert_close(got[2].double(), h64.grad)
+    _assert_close(got[3].double(), w64.grad)
+    assert not ent.requires_grad
+
+
+def _reference_loss(model, batch, adv, clip=0.2, temperature=1.0):
+    """PPO-clip with token-mean aggregation, written out position by position."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
+    B, T = batch.mask.shape
+    P = batch.input_ids.shape[1] - T
+    total, count = 0.0, 0
+    for i in range(B):
+        for t in range(T):
+            if batch.mask[i, t] == 0:
+                continue
+            logp = torch.log_softmax(logits[i, P + t - 1] / temperature, dim=-1)[batch.input_ids[i, P + t]]
+            ratio = torch.exp(logp - batch.old_logprobs[i, t])
+            total = total + torch.maximum(-adv[i, t] * ratio, -adv[i, t] * ratio.clamp(1 - clip, 1 + clip))
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_policy_loss_and_gradients_equal_a_plain_reference(chunked, monkeypatch):
+    model = _model()
+    _, batch = _batch(model)
+    # move the policy off the sampler's so that ratios differ from 1 and clipping engages
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    adv = torch.randn(batch.mask.shape)
+    if chunked:
+        monkeypatch.setattr(learner, "CHUNKED_MIN_ELEMENTS", 0)
+    model.train()
+    model.zero_grad()
+    loss, metrics = learner.policy_step(model, None, batch, adv, AlgoConfig(), 1.0, 12)
+    loss.backward()
+    fast = _grads(model)
+    assert metrics["actor/clip_frac"] > 0
+    model.zero_grad()
+    ref = _reference_loss(model, batch, adv)
+    ref.backward()
+    _assert_close(loss.detach(), ref.detach())
+    for a, b in zip(fast, _grads(model)):
+        _assert_close(a, b)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_micro_batches_give_the_whole_batch_gradient(aggregation):
+    from assay.models import load_policy
+
+    model, tok = load_policy("tiny-arith")  # completions of different lengths, so micro-batches trim differently
+    prompts = [s for _, s in zip(range(6), make_task("arithmetic").stream("train", 1))]
+    trajs = TorchSampler(model, tok).generate(prompts, 4, SamplingParams(6, 1.2), torch.Generator().manual_seed(0))
+    assert len({len(t.completion_ids) for t in trajs}) > 1
+    batch = learner.collate(trajs, [RewardResult(score=float(i % 2)) for i in range(len(trajs))], tok.pad_token_id, torch.device("cpu"))
+    adv = torch.randn(batch.mask.shape)
+    algo = AlgoConfig(aggregation=aggregation)
+    model.train()
+    grads, metrics = {}, {}
+    for size in (0, 40):  # 40 tokens: micro-batches of 3-4 rows
+        model.zero_grad()
+        metrics[size] = learner.accumulate_step(model, None, batch, adv, algo, 1.0, 6, micro_batch_tokens=size)
+        grads[size] = _grads(model)
+    assert len(learner.pack_rows(batch, 40)) > 4
+    for a, b in zip(grads[40], grads[0]):
+        _assert_close(a, b)
+    assert metrics[40]["actor/loss"] == pytest.approx(metrics[0]["actor/loss"], abs=1e-5)
+
+
+def test_trim_drops_only_padding():
+    model = _model()
+    _, batch = _batch(model)
+    sub = batch.select(torch.tensor([0, 1]))
+    trimmed, adv = learner.trim(sub, torch.ones_like(sub.mask))
+    assert trimmed.input_ids.shape[1] <= sub.input_ids.shape[1] and adv.shape == trimmed.mask.shape
+    assert int(trimmed.attention_mask.sum()) == int(sub.attention_mask.sum())
+    with torch.no_grad():
+        a, _ = learner.token_logprobs(model, sub)
+        b, _ = learner.token_logprobs(model, trimmed)
+    _assert_close(b * trimmed.mask, (a * sub.mask)[:, : trimmed.mask.shape[1]])
