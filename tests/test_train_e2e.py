@@ -117,3 +117,14 @@ def test_micro_batches_train_like_the_whole_batch(tiny_model_dir, tmp_path):
         runs[name] = load_file(trainer.fit(progress=False).run_dir / "final" / "model.safetensors")
     for k, v in runs["whole"].items():
         assert torch.allclose(runs["micro"][k], v, atol=1e-5), k
+
+
+def test_a_finished_run_is_never_overwritten(tiny_model_dir, tmp_path):
+    from assay.errors import AssayError
+
+    cfg = run_cfg(tiny_model_dir, tmp_path, "kept", "train.steps=1", "train.eval_every=0")
+    d = Trainer(cfg).fit(progress=False).run_dir
+    before = (d / "metrics.jsonl").read_bytes()
+    with pytest.raises(AssayError, match="already holds a run; continue it with --resume"):
+        Trainer(cfg)
+    assert (d / "metrics.jsonl").read_bytes() == before

@@ -95,6 +95,9 @@ class Trainer:
         self.critic = Critic(self.model, cfg.critic, cfg.seed) if "values" in requirements(cfg.algo.advantage) else None
         self.executor = make_executor(cfg, self.source.reward)
         self.run_dir = Path(run_dir) if run_dir else make_run_dir(cfg)
+        if not resume and (self.run_dir / "metrics.jsonl").exists():
+            raise AssayError(f"run folder {str(self.run_dir)!r} already holds a run; continue it with --resume {self.run_dir}, "
+                             "or choose another run_name")
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.sampler = TorchSampler(self.model, self.tokenizer, self.device)
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
