@@ -21,13 +21,13 @@ quiet_hf()
 TOK = build_char_tokenizer()
 
 
-def _model(kind: str = "qwen2", kv_heads: int = 4, seed: int = 0):
+def _model(kind: str = "qwen2", kv_heads: int = 4, seed: int = 0, **extra):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[kind]
     cfg = cls[0](vocab_size=len(TOK), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
                  intermediate_size=128, max_position_embeddings=128, tie_word_embeddings=kind != "llama",
-                 pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id, bos_token_id=TOK.bos_token_id)
+                 pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id, bos_token_id=TOK.bos_token_id, **extra)
     torch.manual_seed(seed)
     return cls[1](cfg).float().eval()
 
@@ -54,9 +54,15 @@ def _assert_close(a, b, tol=1e-5):
 
 # -- sampling ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind,kv_heads", [("qwen2", 4), ("qwen2", 2), ("llama", 1), ("qwen3", 2)])
-def test_static_decoder_matches_the_hf_path_and_the_trainer(kind, kv_heads):
-    model = _model(kind, kv_heads)
+@pytest.mark.parametrize("kind,kv_heads,extra", [("qwen2", 4, {}), ("qwen2", 2, {}), ("llama", 1, {}), ("qwen3", 2, {}),
+                                                ("llama", 2, {"attention_bias": True, "mlp_bias": True})])
+def test_static_decoder_matches_the_hf_path_and_the_trainer(kind, kv_heads, extra):
+    model = _model(kind, kv_heads, **extra)
+    if extra:  # biases start at zero; make them matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.5)
     assert supported(model) is None
     runs = {}
     for fast in (True, False):
@@ -226,3 +232,17 @@ def test_trim_drops_only_padding():
         a, _ = learner.token_logprobs(model, sub)
         b, _ = learner.token_logprobs(model, trimmed)
     _assert_close(b * trimmed.mask, (a * sub.mask)[:, : trimmed.mask.shape[1]])
+
+
+def test_a_sliding_window_model_decodes_fast_when_sequences_fit_the_window():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=len(TOK), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=128, sliding_window=64, pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).eval()
+    assert "sliding" in supported(model) and supported(model, max_len=64) is None and "sliding" in supported(model, max_len=65)
+    runs = [TorchSampler(model, TOK, fast=f).generate(_prompts(), 2, SamplingParams(16, 1.0), torch.Generator().manual_seed(1)) for f in (True, False)]
+    for a, b in zip(*runs):
+        assert a.completion_ids == b.completion_ids
+        _assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))

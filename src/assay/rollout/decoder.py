@@ -15,8 +15,9 @@ keys and values are copied into the buffers.
 
 Supported: decoder-only models whose layers are laid out like Llama's (`q/k/v/o_proj`,
 `gate/up/down_proj`, pre-norm residual blocks, rotary embeddings from the model's own
-`rotary_emb`): Llama, Mistral, Qwen2, Qwen3 (with its q/k norms). Anything else, and
-sliding-window attention, uses the generic Hugging Face path (`supported()` says why).
+`rotary_emb`): Llama, Mistral, Qwen2, Qwen3 (with its q/k norms), with or without
+projection biases. Anything else, and sequences longer than a sliding attention window,
+use the generic Hugging Face path (`supported()` says why).
 `tests/test_sampler.py` checks that both paths give the trainer's logprobs.
 """
 
@@ -28,16 +29,21 @@ import torch.nn.functional as F
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def supported(model) -> str | None:
-    """None when `StaticDecoder` can run `model`, else the reason it cannot."""
+def supported(model, max_len: int | None = None) -> str | None:
+    """None when `StaticDecoder` can run `model` on sequences of up to `max_len` tokens, else the reason it cannot.
+
+    A sliding attention window is fine when every sequence fits in it (`max_len` given and
+    no longer than the window): attention then sees the whole sequence either way.
+    """
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
     if kind not in FAMILY:
         return f"model_type {kind!r} is not one of {', '.join(FAMILY)}"
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
         return "sliding-window attention layers"
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-        return "sliding-window attention"
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True) and (max_len is None or max_len > window):  # Mistral has no switch
+        return f"sliding-window attention (window {window}, sequences up to {max_len or 'unknown'} tokens)"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return "tensor-parallel pretraining layout (pretraining_tp > 1)"
     body = getattr(model, "model", None)
@@ -85,7 +91,7 @@ class StaticDecoder:
             a, m = layer.self_attn, layer.mlp
             self.layers.append((
                 layer, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), _cat_bias(a.q_proj, a.k_proj, a.v_proj),
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj),
             ))
         self.keys = self.values = self.bias = None
 
@@ -128,7 +134,7 @@ class StaticDecoder:
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         self.bias[:, t] = 0.0  # this step's slot becomes visible
         bias = self.bias[:, None, None, :]  # [A, 1, 1, S]
-        for i, (layer, w_qkv, b_qkv, w_gu) in enumerate(self.layers):
+        for i, (layer, w_qkv, b_qkv, w_gu, b_gu) in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             h = layer.input_layernorm(x)
             q, k, v = F.linear(h, w_qkv, b_qkv).split(self.split, dim=-1)
@@ -148,7 +154,7 @@ class StaticDecoder:
             ctx = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype) @ values  # [A, Hk, Hq/Hk, D]
             x = x + attn.o_proj(ctx.reshape(A, 1, Hq * D))
             h = layer.post_attention_layernorm(x)
-            gate, up = F.linear(h, w_gu).chunk(2, dim=-1)
+            gate, up = F.linear(h, w_gu, b_gu).chunk(2, dim=-1)
             x = x + mlp.down_proj(mlp.act_fn(gate) * up)
         self.filled = t + 1
         return self.model.lm_head(body.norm(x))[:, 0]

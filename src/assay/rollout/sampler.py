@@ -112,7 +112,11 @@ class TorchSampler:
 
     @property
     def path(self) -> str:
-        """`static` (StaticDecoder) or `hf` (generic), with the reason when the fast path is not taken."""
+        """`static` (StaticDecoder) or `hf` (generic), with the reason when the fast path is not taken.
+
+        Judged without a length; `generate` also takes the fast path for a sliding-window
+        model when its sequences fit in the window.
+        """
         from assay.rollout.decoder import supported
 
         why = supported(self.model) if self.fast else "fast=False"
@@ -124,13 +128,14 @@ class TorchSampler:
     @torch.no_grad()
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt."""
-        from assay.rollout.decoder import StaticDecoder
+        from assay.rollout.decoder import StaticDecoder, supported
 
         was_training = self.model.training
         self.model.eval()
-        stepper = StaticDecoder(self.model) if self.path == "static" else _HFStepper(self.model)
         prompt_ids = self.encode([s.prompt for s in samples])
         ids, mask = _left_pad(prompt_ids, self.pad_id)
+        fast = self.fast and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
+        stepper = StaticDecoder(self.model) if fast else _HFStepper(self.model)
         ids, mask = ids.to(self.device), mask.to(self.device)
         logits = stepper.prefill(ids, mask, n, params.max_new_tokens)
         if n > 1:
