@@ -6,7 +6,7 @@ attention masks, and for a dozen small modules per layer. On a CPU with a small 
 that overhead is larger than the arithmetic. `StaticDecoder` runs the same model's own
 modules and weights, but keeps keys and values in buffers sized once for the whole
 completion, fuses the q/k/v and gate/up projections into one matmul each, and attends
-with two batched matmuls against a view of the filled part of the cache.
+with two batched matmuls over the cache buffer.
 
 Left padding makes every row's prompt end in the same column, so the token generated at
 step s of every row is written to the same cache slot `P + s`; only position ids differ
@@ -129,15 +129,14 @@ class StaticDecoder:
         body = self.model.model
         A, t = tok.shape[0], self.filled
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
-        x = body.embed_tokens(tok[:, None])  # [A, 1, H]
+        x = body.embed_tokens(tok)  # [A, H]: one row per sequence
         cos, sin = body.rotary_emb(x, pos)  # [A, 1, D]
         cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         self.bias[:, t] = 0.0  # this step's slot becomes visible
         bias = self.bias[:, None, None, :]  # [A, 1, 1, S]
         for i, (layer, w_qkv, b_qkv, w_gu, b_gu) in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            h = layer.input_layernorm(x)
-            q, k, v = F.linear(h, w_qkv, b_qkv).split(self.split, dim=-1)
+            q, k, v = F.linear(layer.input_layernorm(x), w_qkv, b_qkv).split(self.split, dim=-1)
             q, k, v = q.view(A, 1, Hq, D), k.view(A, 1, Hk, D), v.view(A, 1, Hk, D)
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
@@ -152,9 +151,8 @@ class StaticDecoder:
             keys, values = self.keys[i], self.values[i]  # [A, Hk, S, D]
             scores = q.reshape(A, Hk, Hq // Hk, D) @ keys.transpose(-1, -2) * self.scale + bias  # [A, Hk, Hq/Hk, S]
             ctx = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype) @ values  # [A, Hk, Hq/Hk, D]
-            x = x + attn.o_proj(ctx.reshape(A, 1, Hq * D))
-            h = layer.post_attention_layernorm(x)
-            gate, up = F.linear(h, w_gu, b_gu).chunk(2, dim=-1)
+            x = x + attn.o_proj(ctx.reshape(A, Hq * D))
+            gate, up = F.linear(layer.post_attention_layernorm(x), w_gu, b_gu).chunk(2, dim=-1)
             x = x + mlp.down_proj(mlp.act_fn(gate) * up)
         self.filled = t + 1
-        return self.model.lm_head(body.norm(x))[:, 0]
+        return self.model.lm_head(body.norm(x))
