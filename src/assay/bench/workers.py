@@ -28,8 +28,8 @@ def _proc_status_mib(field: str) -> float | None:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    except OSError:  # no /proc (not Linux)
+        return None
     return None
 
 
@@ -51,14 +51,13 @@ def peak_rss_mib() -> float:
 def rss_mib() -> float | None:
     """This process's resident memory now, MiB (None where it cannot be read)."""
     now = _proc_status_mib("VmRSS")
-    if now is None:
-        try:
-            import psutil
-
-            now = psutil.Process().memory_info().rss / 2**20
-        except ImportError:
-            pass
-    return now
+    if now is not None:
+        return now
+    try:
+        import psutil
+    except ImportError:  # neither /proc nor psutil: unknown
+        return None
+    return psutil.Process().memory_info().rss / 2**20
 
 
 def step_record(seconds: float, prompt_lens: list[int], completion_lens: list[int], tokens: dict[str, int]) -> dict[str, Any]:

@@ -41,7 +41,8 @@ T = TypeVar("T")
 Reward = float | None
 
 
-def _scored(rewards: Sequence[Reward]) -> list[float]:
+def scored_rewards(rewards: Sequence[Reward]) -> list[float]:
+    """The rewards that were scored: `None` (cannot be scored) and NaN left out."""
     return [float(r) for r in rewards if r is not None and not math.isnan(float(r))]
 
 
@@ -104,7 +105,7 @@ class DynamicSampler(Generic[T]):
         self.seen += len(groups)
         kept = 0
         for items, rs in zip(groups, rewards):
-            scored = _scored(rs)
+            scored = scored_rewards(rs)
             if len(scored) >= 2 and max(scored) - min(scored) > self.tol:
                 self._groups.append(list(items))
                 self._rewards.append(list(rs))
@@ -169,7 +170,7 @@ def inject_ground_truth(
     (['gold', 'y'], [1.0, 0.2], True)
     """
     group, rewards = list(group), list(rewards)
-    scored = _scored(rewards)
+    scored = scored_rewards(rewards)
     if gold is None or not scored or max(scored) >= success:
         return group, rewards, False
     if not replace:
@@ -210,7 +211,7 @@ class RetryBuffer:
 
     def update(self, prompt_id: Hashable, rewards: Sequence[Reward]) -> None:
         """Record the rewards of one rollout group of `prompt_id`."""
-        scored = _scored(rewards)
+        scored = scored_rewards(rewards)
         retries = self._out.pop(prompt_id, None)
         if retries is None:
             retries = self._waiting.pop(prompt_id, -1)
@@ -271,7 +272,7 @@ class VariancePrioritisedSampler:
 
     def update(self, prompt_id: Hashable, rewards: Sequence[Reward]) -> None:
         """Fold one group's observed reward variance into the prompt's estimate."""
-        scored = _scored(rewards)
+        scored = scored_rewards(rewards)
         if len(scored) < 2:
             return
         mean = sum(scored) / len(scored)

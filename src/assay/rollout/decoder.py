@@ -58,6 +58,16 @@ def supported(model, max_len: int | None = None) -> str | None:
     return None
 
 
+def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
+    """The model's own forward over left-padded prompts: next-token logits `[U, V]` and the filled `DynamicCache`."""
+    from transformers import DynamicCache
+
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1], cache
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -98,11 +108,7 @@ class StaticDecoder:
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
         """Run the prompts `[U, P]` once; return next-token logits `[U, V]`; size caches for `U·repeat` rows."""
-        from transformers import DynamicCache
-
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        logits, cache = hf_prefill(self.model, ids, mask)
         U, P = ids.shape
         B, S = U * repeat, P + max_new_tokens
         ref = cache.layers[0].keys
@@ -115,7 +121,7 @@ class StaticDecoder:
         bias[:, :P].masked_fill_(mask.repeat_interleave(repeat, 0) == 1, 0.0)
         self.bias = bias
         self.filled = P
-        return out.logits[:, -1]
+        return logits
 
     def select(self, idx: torch.Tensor) -> None:
         """Keep only rows `idx` of the batch (finished rows leave it)."""

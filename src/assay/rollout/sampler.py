@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from assay.rollout.decoder import StaticDecoder, hf_prefill, supported
 from assay.types import Sample, Trajectory
 
 
@@ -72,15 +73,11 @@ class _HFStepper:
         self.model = model
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        self.cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True, logits_to_keep=1)
+        logits, self.cache = hf_prefill(self.model, ids, mask)
         if repeat > 1:
             self.cache.batch_repeat_interleave(repeat)
         self.mask = mask.repeat_interleave(repeat, 0)
-        return out.logits[:, -1]
+        return logits
 
     def select(self, idx: torch.Tensor) -> None:
         self.cache.batch_select_indices(idx)
@@ -117,8 +114,6 @@ class TorchSampler:
         Judged without a length; `generate` also takes the fast path for a sliding-window
         model when its sequences fit in the window.
         """
-        from assay.rollout.decoder import supported
-
         why = supported(self.model) if self.fast else "fast=False"
         return "static" if why is None else f"hf ({why})"
 
@@ -128,8 +123,6 @@ class TorchSampler:
     @torch.no_grad()
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt."""
-        from assay.rollout.decoder import StaticDecoder, supported
-
         was_training = self.model.training
         self.model.eval()
         prompt_ids = self.encode([s.prompt for s in samples])
@@ -165,7 +158,7 @@ class TorchSampler:
             next_pos = next_pos + 1
         self.model.train(was_training)
         lengths_l, tokens_l, logprobs_l = lengths.tolist(), tokens.tolist(), logprobs.tolist()
-        finished = [n_ < steps or (n_ == steps and tokens_l[r][steps - 1] == self.eos_id) for r, n_ in enumerate(lengths_l)]
+        finished = [tokens_l[r][k - 1] == self.eos_id for r, k in enumerate(lengths_l)]  # ended on EOS, not on the limit
         trajs = []
         for row in range(total):
             g, k = row // n, lengths_l[row]

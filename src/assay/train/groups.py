@@ -22,7 +22,7 @@ from typing import Callable
 
 from assay.config import SamplingConfig
 from assay.data.datasets import PromptSource
-from assay.data.samplers import RetryBuffer, VariancePrioritisedSampler, inject_ground_truth
+from assay.data.samplers import RetryBuffer, VariancePrioritisedSampler, inject_ground_truth, scored_rewards
 from assay.types import RewardResult, Sample, Trajectory
 
 Item = tuple[Trajectory, RewardResult]
@@ -52,7 +52,7 @@ def scores(items: list[Item]) -> list[float | None]:
 
 
 def _solved(rewards: list[float | None], success: float) -> bool:
-    return any(r is not None and not math.isnan(r) and r >= success for r in rewards)
+    return any(r >= success for r in scored_rewards(rewards))
 
 
 class PromptPicker:
@@ -186,7 +186,7 @@ class GoldInjector:
         """Groups with the verified references injected, and how many were injected or rejected."""
         todo = {}
         for i, items in enumerate(groups):
-            rs = [r for r in scores(items) if r is not None and not math.isnan(r)]
+            rs = scored_rewards(scores(items))
             if rs and max(rs) < self.success and (ref := self.reference(items[0][0])) is not None:
                 todo[i] = ref
         injected = rejected = 0

@@ -84,11 +84,11 @@ CHUNKED_MIN_ELEMENTS = 1 << 25
 
 
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = False, chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob `[B, T]` of each completion token under `model` (and its entropy `[B, T]`).
 
     Only the T positions that predict completion tokens go through the LM head. When the
-    logits would be large (`chunked=None`: at least `CHUNKED_MIN_ELEMENTS`) and the model is
+    logits would be large (at least `CHUNKED_MIN_ELEMENTS`) and the model is
     of the Llama family, the head runs in chunks (`assay.train.logprobs`), so `[B, T, V]`
     logits are never held for the backward pass; the entropy then comes without a
     gradient, which is all a metric needs. Below that size the plain path is faster (one
@@ -97,8 +97,8 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
     """
     T = batch.response_len
     targets = batch.input_ids[:, -T:]  # [B, T]
-    weight = None if entropy_grad or chunked is False else _fused_head(model)
-    if weight is not None and chunked is None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
+    weight = None if entropy_grad else _fused_head(model)
+    if weight is not None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
         weight = None
     if weight is not None:
         out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)

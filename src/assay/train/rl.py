@@ -31,7 +31,7 @@ from assay.rewards.executor_factory import make_executor
 from assay.rollout.sampler import SamplingParams, TorchSampler
 from assay.train.checkpoint import latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
-from assay.data.samplers import DynamicSampler
+from assay.data.samplers import DynamicSampler, scored_rewards
 from assay.train.critic import Critic
 from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.train.learner import accumulate_step, activation_bytes_per_token, collate, compute_advantages, step_tensors, token_logprobs
@@ -58,7 +58,7 @@ def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
 
 def rollout_metrics(trajs, results) -> dict[str, float]:
     """Sampled accuracy and completion lengths of every generated completion (reward statistics come from `reward_health`)."""
-    scored = [float(r.score) for r in results if r.score is not None and not math.isnan(float(r.score))]
+    scored = scored_rewards([r.score for r in results])
     lengths = [len(t.completion_ids) for t in trajs]
     return {
         "train/accuracy": sum(x >= 1.0 for x in scored) / len(scored) if scored else math.nan,
@@ -244,8 +244,8 @@ class Trainer:
                 extras["ref_logprobs"], _ = token_logprobs(self.ref, batch, self.cfg.rollout.temperature)
         if "greedy_rewards" in needs:  # ReMax: one greedy rollout per prompt, scored like the rest
             greedy = self.sampler.generate(prompts, 1, SamplingParams(self.cfg.rollout.max_new_tokens, temperature=0.0))
-            scores = torch.tensor([float("nan") if r.score is None else r.score for r in self.executor.score(greedy)])
-            extras["greedy_rewards"] = scores[batch.group]
+            greedy_scores = torch.tensor([float("nan") if r.score is None else r.score for r in self.executor.score(greedy)])
+            extras["greedy_rewards"] = greedy_scores[batch.group]
         if needs & {"step_rewards", "step_ends"}:
             extras["step_rewards"], extras["step_ends"] = step_tensors(trajs, results, self.tokenizer)
         if "values" in needs:
