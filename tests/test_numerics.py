@@ -55,7 +55,8 @@ def _assert_close(a, b, tol=1e-5):
 # -- sampling ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind,kv_heads,extra", [("qwen2", 4, {}), ("qwen2", 2, {}), ("llama", 1, {}), ("qwen3", 2, {}),
-                                                ("llama", 2, {"attention_bias": True, "mlp_bias": True})])
+                                                ("llama", 2, {"attention_bias": True, "mlp_bias": True}),
+                                                ("llama", 2, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}})])
 def test_static_decoder_matches_the_hf_path_and_the_trainer(kind, kv_heads, extra):
     model = _model(kind, kv_heads, **extra)
     if extra:  # biases start at zero; make them matter
@@ -130,6 +131,8 @@ def test_static_decoder_refuses_what_it_cannot_run():
     sliding = _model()
     sliding.config.layer_types = ["sliding_attention", "full_attention"]
     assert "sliding" in supported(sliding)
+    dynamic = _model("llama", 2, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    assert "dynamic" in supported(dynamic)  # its frequencies change with the length of each call
 
 
 # -- the trainer's logprobs ---------------------------------------------------------------
@@ -154,6 +157,43 @@ def test_chunked_lm_head_equals_full_log_softmax(temperature):
     _assert_close(got[2].double(), h64.grad)
     _assert_close(got[3].double(), w64.grad)
     assert not ent.requires_grad
+
+
+@pytest.mark.parametrize("kind,kv_heads,extra", [("qwen2", 4, {}), ("llama", 1, {}), ("qwen3", 2, {}),
+                                                ("llama", 2, {"attention_bias": True, "mlp_bias": True})])
+def test_shared_prefix_forward_equals_the_models_own_forward(kind, kv_heads, extra):
+    import dataclasses
+
+    from assay.train import forward
+
+    model = _model(kind, kv_heads, **extra)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    trajs, _ = _batch(model, n_prompts=5, group=3)
+    order = torch.randperm(len(trajs), generator=torch.Generator().manual_seed(0)).tolist()  # a prompt's rows apart
+    trajs = [trajs[i] for i in order]
+    one = [dataclasses.replace(t, completion_ids=t.completion_ids[:1], logprobs=t.logprobs[:1]) for t in trajs]  # T = 1
+    for rows in (trajs, one):
+        batch = learner.collate(rows, [RewardResult(score=0.0)] * len(rows), TOK.pad_token_id, torch.device("cpu"))
+        assert forward.supported(model, batch) is None
+        assert len({len(t.prompt_ids) for t in rows}) > 1  # prompts of several lengths: left padding differs by row
+        upstream = torch.randn(batch.mask.shape)
+        got = {}
+        model.train()
+        for fast in (True, False):
+            model.zero_grad()
+            lp, ent = learner.token_logprobs(model, batch, 0.7, with_entropy=True, fast=fast)
+            (lp * batch.mask * upstream).sum().backward()
+            got[fast] = (lp.detach() * batch.mask, ent * batch.mask, _grads(model))
+        _assert_close(got[True][0], got[False][0])
+        _assert_close(got[True][1], got[False][1])
+        for a, b in zip(got[True][2], got[False][2]):
+            _assert_close(a, b)
+    empty = dataclasses.replace(trajs[0], prompt_ids=[])
+    batch = learner.collate([empty, trajs[1]], [RewardResult(score=0.0)] * 2, TOK.pad_token_id, torch.device("cpu"))
+    assert forward.supported(model, batch) == "an empty prompt"
 
 
 def _reference_loss(model, batch, adv, clip=0.2, temperature=1.0):

@@ -160,6 +160,9 @@ class OptimConfig(Section):
     """Clip the global gradient norm to this value."""
     warmup_steps: int = Field(10, ge=0)
     """Linear learning-rate warm-up, in training steps."""
+    fused: bool = True
+    """AdamW's fused kernel (`torch.optim.AdamW(fused=True)`): one pass over each parameter instead
+    of a dozen elementwise ops (same update to rounding). False: the per-tensor loop."""
 
 
 class TrainConfig(Section):
@@ -179,6 +182,11 @@ class TrainConfig(Section):
     """Activation memory one forward/backward pass may keep, in MiB (estimated from the model's
     sizes): a longer minibatch is split into micro-batches, shortest rows first, whose
     gradients accumulate to one optimizer step equal to the whole minibatch's (0: never split)."""
+    fast_forward: bool = True
+    """Llama-family models (Llama, Mistral, Qwen2, Qwen3) run assay's own forward in the update
+    and wherever the trainer recomputes logprobs: each distinct prompt once per micro-batch
+    (Prefix Grouper's shared-prefix forward), fused projections; the same logprobs and
+    gradients as the model's own forward, to rounding. False: always the model's own forward."""
 
 
 class RunConfig(Section):

@@ -14,6 +14,7 @@ from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, 
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
+from assay.train.forward import prefix_hidden, supported as forward_supported
 from assay.train.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult, Trajectory
 
@@ -84,28 +85,35 @@ CHUNKED_MIN_ELEMENTS = 1 << 25
 
 
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, fast: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob `[B, T]` of each completion token under `model` (and its entropy `[B, T]`).
 
-    Only the T positions that predict completion tokens go through the LM head. When the
-    logits would be large (at least `CHUNKED_MIN_ELEMENTS`) and the model is
-    of the Llama family, the head runs in chunks (`assay.train.logprobs`), so `[B, T, V]`
-    logits are never held for the backward pass; the entropy then comes without a
-    gradient, which is all a metric needs. Below that size the plain path is faster (one
-    matmul, no recomputation). `entropy_grad=True` (an entropy bonus) always takes the
-    plain path, where the entropy is differentiable.
+    Only the T positions that predict completion tokens go through the LM head. With
+    `fast` (the default) a Llama-family model runs assay's shared-prefix forward
+    (`assay.train.forward`: each distinct prompt once); otherwise, and for other models,
+    the model's own forward runs every row whole. When the logits would be large (at
+    least `CHUNKED_MIN_ELEMENTS`) and the LM head is a plain matrix, the head runs in
+    chunks (`assay.train.logprobs`), so `[B, T, V]` logits are never held for the backward
+    pass; the entropy then comes without a gradient, which is all a metric needs. Below
+    that size the plain head is faster (one matmul, no recomputation). `entropy_grad=True`
+    (an entropy bonus) always takes the plain head, where the entropy is differentiable.
     """
     T = batch.response_len
     targets = batch.input_ids[:, -T:]  # [B, T]
     weight = None if entropy_grad else _fused_head(model)
     if weight is not None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
         weight = None
+    hidden = prefix_hidden(model, batch) if fast and forward_supported(model, batch) is None else None  # [B, T, H]
     if weight is not None:
-        out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-        hidden = out.last_hidden_state[:, -T - 1 : -1]  # [B, T, H]: the positions that predict completion tokens
+        if hidden is None:
+            out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+            hidden = out.last_hidden_state[:, -T - 1 : -1]  # the positions that predict completion tokens
         return token_logprobs_from_hidden(hidden, weight, targets, temperature, with_entropy=with_entropy)
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1].float()  # [B, T, V]
+    if hidden is not None:
+        logits = model.get_output_embeddings()(hidden).float()
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
+        logits = out.logits[:, :-1].float()  # [B, T, V]
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     lp = logp.gather(-1, targets[..., None])[..., 0]
     ent = None
@@ -115,14 +123,15 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
     return lp, ent
 
 
-def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
+                fast: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss of one minibatch and its metrics (backward is the caller's).
 
     `norm` is the constant of `seq-mean-token-sum-norm` (the generation length limit).
     When the estimator itself takes the reference logprobs (FRPO), KL enters through the
-    advantages and is left out of the loss.
+    advantages and is left out of the loss. `fast` selects the shared-prefix forward (`token_logprobs`).
     """
-    logprobs, entropy = token_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
+    logprobs, entropy = token_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0, fast=fast)
     loss_fn = POLICY_LOSSES.get(algo.loss)
     clips = {k: v for k, v in (("clip_low", algo.clip_low), ("clip_high", algo.clip_high)) if v is not None}
     loss_mat, metrics = loss_fn(logprobs, batch.old_logprobs, advantages, batch.mask, **clips, **algo.loss_args)
@@ -131,7 +140,7 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     out = {f"actor/{k}": v for k, v in metrics.items()}
     if ref_model is not None and algo.kl_coef > 0 and "ref_logprobs" not in requirements(algo.advantage):
         with torch.no_grad():
-            ref_lp, _ = token_logprobs(ref_model, batch, temperature)
+            ref_lp, _ = token_logprobs(ref_model, batch, temperature, fast=fast)
         kl = KL_ESTIMATORS.get(algo.kl_estimator)(logprobs, ref_lp)  # [B, T]
         loss_mat = loss_mat + algo.kl_coef * kl
         out["actor/kl"] = masked_mean(kl.detach(), batch.mask).item()
@@ -205,7 +214,7 @@ def pack_rows(batch: Batch, budget: int) -> list[torch.Tensor]:
 
 
 def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
-                    micro_batch_tokens: int = 0) -> dict[str, float]:
+                    micro_batch_tokens: int = 0, fast: bool = True) -> dict[str, float]:
     """Forward and backward over `batch` in micro-batches, accumulating gradients (the optimizer step is the caller's).
 
     The gradient equals that of one `policy_step` over the whole batch: each micro-batch's
@@ -219,7 +228,7 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
     B = batch.mask.shape[0]
     unit = getattr(AGGREGATIONS.get(algo.aggregation), "unit", None)
     if not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens:
-        loss, metrics = policy_step(model, ref_model, batch, advantages, algo, temperature, norm)
+        loss, metrics = policy_step(model, ref_model, batch, advantages, algo, temperature, norm, fast)
         loss.backward()
         return metrics
     total = float(batch.mask.sum()) if unit == "token" else float(B)
@@ -229,7 +238,7 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
         share = (float(sub.mask.sum()) if unit == "token" else float(idx.numel())) / max(total, 1.0)
         if share == 0.0:
             continue
-        loss, metrics = policy_step(model, ref_model, sub, adv, algo, temperature, norm)
+        loss, metrics = policy_step(model, ref_model, sub, adv, algo, temperature, norm, fast)
         (loss * share).backward()
         for k, v in metrics.items():
             out[k] = out.get(k, 0.0) + v * share

@@ -104,7 +104,8 @@ class Trainer:
         self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
         self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
+                                     fused=cfg.optim.fused and self.device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
         self.step = 0
         if resume:
@@ -225,7 +226,7 @@ class Trainer:
         """
         algo = self.cfg.algo
         with torch.no_grad():
-            trainer_lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)  # [B, T]
+            trainer_lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)  # [B, T]
         weights, metrics = mismatch_correction(trainer_lp, batch.old_logprobs, batch.mask, algo.mismatch, algo.mismatch_cap, algo.mismatch_floor, algo.mismatch_level)
         return dataclasses.replace(batch, old_logprobs=trainer_lp * batch.mask, is_weights=weights), metrics
 
@@ -233,7 +234,7 @@ class Trainer:
         """The trainer's logprobs of completions no sampler drew (injected reference solutions)."""
         batch = collate(trajs, results, self.sampler.pad_id, self.device)
         with torch.no_grad():
-            lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature)
+            lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)
         return [lp[i, : len(t.completion_ids)].tolist() for i, t in enumerate(trajs)]
 
     def _extras(self, prompts, trajs, results, batch) -> dict[str, torch.Tensor]:
@@ -241,7 +242,7 @@ class Trainer:
         needs, extras = requirements(self.cfg.algo.advantage), {}
         if "ref_logprobs" in needs and self.ref is not None:
             with torch.no_grad():
-                extras["ref_logprobs"], _ = token_logprobs(self.ref, batch, self.cfg.rollout.temperature)
+                extras["ref_logprobs"], _ = token_logprobs(self.ref, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)
         if "greedy_rewards" in needs:  # ReMax: one greedy rollout per prompt, scored like the rest
             greedy = self.sampler.generate(prompts, 1, SamplingParams(self.cfg.rollout.max_new_tokens, temperature=0.0))
             greedy_scores = torch.tensor([float("nan") if r.score is None else r.score for r in self.executor.score(greedy)])
@@ -261,7 +262,7 @@ class Trainer:
             for idx in torch.arange(B).chunk(cfg.algo.minibatches):
                 self.opt.zero_grad(set_to_none=True)
                 m = accumulate_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature,
-                                    cfg.rollout.max_new_tokens, self.micro_batch_tokens)
+                                    cfg.rollout.max_new_tokens, self.micro_batch_tokens, cfg.train.fast_forward)
                 m["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
                 self.opt.step()
                 for k, v in m.items():
