@@ -86,10 +86,20 @@ def _norm(module, dtype: torch.dtype):
     return lambda x: F.rms_norm(x, shape, weight, eps)
 
 
+def _linear_t(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` computed as `(weight @ xᵀ)ᵀ`.
+
+    With few rows (a decode step's batch) MKL runs the weight-major product much faster:
+    on the bench's 64-row shapes, 85–95 GFLOP/s against 50–57 over the four layers' weights
+    at two threads (it splits the weight's rows across threads, not the batch's).
+    """
+    out = weight @ x.t() if bias is None else torch.addmm(bias[:, None], weight, x.t())
+    return out.t()
+
+
 def _add_linear(x: torch.Tensor, h: torch.Tensor, linear) -> torch.Tensor:
-    """`x + linear(h)` as one `addmm` (the residual add fused into the matmul)."""
-    out = torch.addmm(x, h, linear.weight.t())
-    return out if linear.bias is None else out + linear.bias
+    """`x + linear(h)`, weight-major as `_linear_t`; the sum keeps `x`'s row-major layout (what the norms read)."""
+    return x + _linear_t(h, linear.weight, linear.bias)
 
 
 class StaticDecoder:
@@ -177,7 +187,7 @@ class StaticDecoder:
         # the mask for every (row, kv head) pair of the batched score matmul, built once per step
         bias = self.bias[:, None, None, :].expand(A, Hk, G, S).reshape(A * Hk, G, S)
         for i, (norm_in, w_qkv, b_qkv, attn, norm_post, w_gu, b_gu, mlp) in enumerate(self.layers):
-            qkv = F.linear(norm_in(x), w_qkv, b_qkv).view(A, Hq + 2 * Hk, D)
+            qkv = _linear_t(norm_in(x), w_qkv, b_qkv).contiguous().view(A, Hq + 2 * Hk, D)
             if self.qk_norm:
                 qk = torch.cat([attn.q_norm(qkv[:, :Hq]), attn.k_norm(qkv[:, Hq : Hq + Hk])], dim=1)
             else:
@@ -192,7 +202,7 @@ class StaticDecoder:
             scores = torch.baddbmm(bias, qk[:, :Hq].reshape(A * Hk, G, D), keys.transpose(1, 2), alpha=self.scale)
             probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
             x = _add_linear(x, torch.bmm(probs, values).view(A, Hq * D), attn.o_proj)
-            gate, up = F.linear(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
+            gate, up = _linear_t(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
             x = _add_linear(x, mlp.act_fn(gate) * up, mlp.down_proj)
         self.filled = t + 1
         return self.model.lm_head(self.final_norm(x))
