@@ -164,7 +164,7 @@ def test_chunked_lm_head_equals_full_log_softmax(temperature):
 def test_shared_prefix_forward_equals_the_models_own_forward(kind, kv_heads, extra):
     import dataclasses
 
-    from assay.train import forward
+    from assay import llama as forward
 
     model = _model(kind, kv_heads, **extra)
     with torch.no_grad():
@@ -177,7 +177,7 @@ def test_shared_prefix_forward_equals_the_models_own_forward(kind, kv_heads, ext
     one = [dataclasses.replace(t, completion_ids=t.completion_ids[:1], logprobs=t.logprobs[:1]) for t in trajs]  # T = 1
     for rows in (trajs, one):
         batch = learner.collate(rows, [RewardResult(score=0.0)] * len(rows), TOK.pad_token_id, torch.device("cpu"))
-        assert forward.supported(model, batch) is None
+        assert forward.batch_supported(model, batch) is None
         assert len({len(t.prompt_ids) for t in rows}) > 1  # prompts of several lengths: left padding differs by row
         upstream = torch.randn(batch.mask.shape)
         got = {}
@@ -193,7 +193,7 @@ def test_shared_prefix_forward_equals_the_models_own_forward(kind, kv_heads, ext
             _assert_close(a, b)
     empty = dataclasses.replace(trajs[0], prompt_ids=[])
     batch = learner.collate([empty, trajs[1]], [RewardResult(score=0.0)] * 2, TOK.pad_token_id, torch.device("cpu"))
-    assert forward.supported(model, batch) == "an empty prompt"
+    assert forward.batch_supported(model, batch) == "an empty prompt"
 
 
 def _reference_loss(model, batch, adv, clip=0.2, temperature=1.0):

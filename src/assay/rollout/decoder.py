@@ -10,15 +10,14 @@ with two batched matmuls over the cache buffer.
 
 Left padding makes every row's prompt end in the same column, so the token generated at
 step s of every row is written to the same cache slot `P + s`; only position ids differ
-by row. The prefill still goes through the model's own forward (it runs once), and its
-keys and values are copied into the buffers.
+by row. The prefill runs each prompt once through `assay.llama.prompt_cache` and copies
+its keys and values into the buffers, G times.
 
-Supported: decoder-only models whose layers are laid out like Llama's (`q/k/v/o_proj`,
-`gate/up/down_proj`, pre-norm residual blocks, rotary embeddings from the model's own
-`rotary_emb`): Llama, Mistral, Qwen2, Qwen3 (with its q/k norms), with or without
-projection biases. Anything else, and sequences longer than a sliding attention window,
-use the generic Hugging Face path (`supported()` says why).
-`tests/test_sampler.py` checks that both paths give the trainer's logprobs.
+Supported: the Llama family as `assay.llama.supported` defines it (Llama, Mistral, Qwen2,
+Qwen3 with its q/k norms, with or without projection biases). Anything else, and
+sequences longer than a sliding attention window, use the generic Hugging Face path
+(`supported()` says why). `tests/test_numerics.py` checks that both paths draw the same
+tokens with the trainer's logprobs.
 """
 
 from __future__ import annotations
@@ -26,39 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-FAMILY = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def supported(model, max_len: int | None = None) -> str | None:
-    """None when `StaticDecoder` can run `model` on sequences of up to `max_len` tokens, else the reason it cannot.
-
-    A sliding attention window is fine when every sequence fits in it (`max_len` given and
-    no longer than the window): attention then sees the whole sequence either way.
-    """
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in FAMILY:
-        return f"model_type {kind!r} is not one of {', '.join(FAMILY)}"
-    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
-        return "sliding-window attention layers"
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True) and (max_len is None or max_len > window):  # Mistral has no switch
-        return f"sliding-window attention (window {window}, sequences up to {max_len or 'unknown'} tokens)"
-    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return "tensor-parallel pretraining layout (pretraining_tp > 1)"
-    body = getattr(model, "model", None)
-    if body is None or not all(hasattr(body, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        return "the model does not expose embed_tokens/layers/norm/rotary_emb"
-    layer = body.layers[0]
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    if not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        return "attention without q/k/v/o projections"
-    if not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-        return "MLP without gate/up/down projections"
-    rope = getattr(body.rotary_emb, "rope_type", "default")
-    if rope in ("dynamic", "longrope"):  # their frequencies depend on the sequence length of each call
-        return f"rope_type {rope!r}"
-    return None
+from assay.llama import FAMILY, _cat_bias, _norm, prompt_cache, supported  # noqa: F401  (FAMILY and supported are part of this module's API)
 
 
 def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
@@ -69,21 +36,6 @@ def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     cache = DynamicCache(config=model.config)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1], cache
-
-
-def _cat_bias(*linears) -> torch.Tensor | None:
-    if all(lin.bias is None for lin in linears):
-        return None
-    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears])
-
-
-def _norm(module, dtype: torch.dtype):
-    """An RMSNorm module as one fused `F.rms_norm` call where that is the same computation (fp32), else the module."""
-    weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
-    if dtype != torch.float32 or weight is None or eps is None:
-        return module
-    shape = tuple(weight.shape)
-    return lambda x: F.rms_norm(x, shape, weight, eps)
 
 
 def _linear_t(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,15 +100,16 @@ class StaticDecoder:
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
         """Run the prompts `[U, P]` once; return next-token logits `[U, V]`; size caches for `U·repeat` rows."""
-        logits, cache = hf_prefill(self.model, ids, mask)
+        last, keys, values = prompt_cache(self.model, ids, mask)
         U, P = ids.shape
         B, S = U * repeat, P + max_new_tokens
-        ref = cache.layers[0].keys
+        ref = keys[0]
         self.keys = ref.new_zeros((len(self.layers), B, self.kv_heads, S, self.head_dim))
         self.values = torch.zeros_like(self.keys)
-        for i, layer in enumerate(cache.layers):
-            self.keys[i, :, :, :P] = layer.keys.repeat_interleave(repeat, 0)
-            self.values[i, :, :, :P] = layer.values.repeat_interleave(repeat, 0)
+        for i, (k, v) in enumerate(zip(keys, values)):  # each prompt's cache, copied to its G rows
+            self.keys[i].view(U, repeat, self.kv_heads, S, self.head_dim)[:, :, :, :P] = k[:, None]
+            self.values[i].view(U, repeat, self.kv_heads, S, self.head_dim)[:, :, :, :P] = v[:, None]
+        logits = self.model.get_output_embeddings()(last)
         bias = torch.full((B, S), float("-inf"), dtype=ref.dtype, device=ref.device)  # slots not yet written
         bias[:, :P].masked_fill_(mask.repeat_interleave(repeat, 0) == 1, 0.0)
         self.bias = bias

@@ -124,7 +124,8 @@ class TorchSampler:
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt."""
         was_training = self.model.training
-        self.model.eval()
+        if was_training:  # a Hugging Face model's train()/eval() walks every module: ~1 ms, so only when it changes
+            self.model.eval()
         prompt_ids = self.encode([s.prompt for s in samples])
         ids, mask = _left_pad(prompt_ids, self.pad_id)
         fast = self.fast and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
@@ -156,7 +157,8 @@ class TorchSampler:
                 active, tok, next_pos, running = active[keep], tok[keep], next_pos[keep], running[keep]
             logits = stepper.step(tok, next_pos)
             next_pos = next_pos + 1
-        self.model.train(was_training)
+        if was_training:
+            self.model.train()
         lengths_l, tokens_l, logprobs_l = lengths.tolist(), tokens.tolist(), logprobs.tolist()
         finished = [tokens_l[r][k - 1] == self.eos_id for r, k in enumerate(lengths_l)]  # ended on EOS, not on the limit
         trajs = []

@@ -14,7 +14,7 @@ from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, 
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
-from assay.train.forward import prefix_hidden, supported as forward_supported
+from assay.llama import batch_supported as forward_supported, prefix_hidden
 from assay.train.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult, Trajectory
 
@@ -46,30 +46,27 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
     B = len(trajs)
     P = max(len(t.prompt_ids) for t in trajs)
     T = max(1, max(len(t.completion_ids) for t in trajs))
-    ids = torch.full((B, P + T), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, P + T), dtype=torch.long)
-    mask = torch.zeros((B, T))
-    old = torch.zeros((B, T))
-    for i, t in enumerate(trajs):
+    # rows built as Python lists and converted once: one tensor per row costs more than the rest of the step at small shapes
+    ids, attn, old = [], [], []
+    for t in trajs:
         p, c = len(t.prompt_ids), len(t.completion_ids)
-        ids[i, P - p : P] = torch.tensor(t.prompt_ids, dtype=torch.long)
-        attn[i, P - p : P] = 1
-        if c:
-            ids[i, P : P + c] = torch.tensor(t.completion_ids, dtype=torch.long)
-            attn[i, P : P + c] = 1
-            mask[i, :c] = 1
-            old[i, :c] = torch.tensor(t.logprobs)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids.append([pad_id] * (P - p) + list(t.prompt_ids) + list(t.completion_ids) + [pad_id] * (T - c))
+        attn.append([0] * (P - p) + [1] * (p + c) + [0] * (T - c))
+        old.append(list(t.logprobs) + [0.0] * (T - c))
+    ids_t, attn_t = torch.tensor(ids, dtype=torch.long), torch.tensor(attn, dtype=torch.long)
+    mask = attn_t[:, P:].float()
+    pos = (attn_t.cumsum(-1) - 1).clamp(min=0)
     rewards = torch.tensor([float("nan") if r.score is None else float(r.score) for r in results])
     group = torch.tensor([t.group for t in trajs], dtype=torch.long)
     names = sorted({k for r in results for k in r.components})
     comps = torch.tensor([[float(r.components.get(k, float("nan"))) for k in names] for r in results]).reshape(B, len(names))
-    return Batch(ids.to(device), attn.to(device), pos.to(device), mask.to(device), old.to(device), rewards, group, comps)
+    return Batch(ids_t.to(device), attn_t.to(device), pos.to(device), mask.to(device), torch.tensor(old, dtype=torch.float32).to(device),
+                 rewards, group, comps)
 
 
 def _fused_head(model) -> torch.Tensor | None:
     """The LM head's weight when logits are exactly `hidden @ W.T` (no bias, scale or soft-cap), else None."""
-    from assay.rollout.decoder import FAMILY
+    from assay.llama import FAMILY
 
     cfg = getattr(model, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
