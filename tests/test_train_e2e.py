@@ -128,3 +128,21 @@ def test_a_finished_run_is_never_overwritten(tiny_model_dir, tmp_path):
     with pytest.raises(AssayError, match="already holds a run; continue it with --resume"):
         Trainer(cfg)
     assert (d / "metrics.jsonl").read_bytes() == before
+
+
+def test_assays_forward_trains_like_the_models_own(tiny_model_dir, tmp_path):
+    # train.fast_forward (the shared-prefix forward) and optim.fused change how the update
+    # is computed, never what it computes: the trained weights match the plain run's.
+    import torch
+    from safetensors.torch import load_file
+
+    from assay import llama
+
+    runs = {}
+    for name, flag in (("plain", "false"), ("fast", "true")):
+        trainer = Trainer(run_cfg(tiny_model_dir, tmp_path, name, "train.steps=2", "train.eval_every=0",
+                                  f"train.fast_forward={flag}", f"optim.fused={flag}"))
+        assert llama.supported(trainer.model) is None  # a Qwen2: the fast run really takes assay's forward
+        runs[name] = load_file(trainer.fit(progress=False).run_dir / "final" / "model.safetensors")
+    for k, v in runs["plain"].items():
+        assert torch.allclose(runs["fast"][k], v, atol=1e-5), k
