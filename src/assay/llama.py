@@ -33,7 +33,7 @@ FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def supported(model, max_len: int | None = None) -> str | None:
-    """None when `StaticDecoder` can run `model` on sequences of up to `max_len` tokens, else the reason it cannot.
+    """None when assay's own forward (this module, and `StaticDecoder`) can run `model` on sequences of up to `max_len` tokens, else the reason it cannot.
 
     A sliding attention window is fine when every sequence fits in it (`max_len` given and
     no longer than the window): attention then sees the whole sequence either way.
