@@ -11,7 +11,8 @@ import torch
 from assay.config import AlgoConfig
 from assay.data.tasks import make_task
 from assay.models import build_char_tokenizer, quiet_hf
-from assay.rollout.decoder import StaticDecoder, supported
+from assay.llama import supported
+from assay.rollout.decoder import StaticDecoder
 from assay.rollout.sampler import SamplingParams, TorchSampler
 from assay.train import learner
 from assay.train.logprobs import token_logprobs_from_hidden

@@ -79,6 +79,18 @@ def _norm(module, dtype: torch.dtype):
     return lambda x: F.rms_norm(x, shape, weight, eps)
 
 
+def rotary_table(model, like: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[N, D]` of the model's rotary embedding at positions `pos [N]`, with rotate_half's sign folded into sin.
+
+    Then `rope(x) = x·cos + roll(x, D/2)·sin`: `roll` gives `(x₂, x₁)` where rotate_half
+    gives `(−x₂, x₁)`, and the sign lives in the first half of sin.
+    """
+    cos, sin = model.model.rotary_emb(like, pos[None])
+    cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+
+
 def batch_supported(model, batch) -> str | None:
     """None when `prefix_hidden` can run `batch` through `model`, else the reason it cannot."""
     why = supported(model, max_len=batch.input_ids.shape[1])
@@ -153,9 +165,8 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
     pos = torch.cat([((prompt_mask.cumsum(1) - 1).clamp(min=0)).reshape(-1),
                      (prompt_len[row_prompt][:, None] + torch.arange(S, device=dev)).reshape(-1)])
     x = torch.cat([body.embed_tokens(prompt_ids).flatten(0, 1), body.embed_tokens(suffix).flatten(0, 1)])  # [N, H]: prompts, then completions
-    cos, sin = body.rotary_emb(x, pos[None])
-    cos, sin = cos[0, :, None].to(x.dtype), sin[0, :, None].to(x.dtype)  # [N, 1, D]
-    sin = torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], dim=-1)  # rotate_half's sign, as in the decoder
+    cos, sin = rotary_table(model, x, pos)
+    cos, sin = cos[:, None], sin[:, None]  # [N, 1, D]: broadcast over heads
 
     # attention masks (True: may attend). Pad queries also see themselves, so no row is empty;
     # their outputs reach no real token (pad keys are masked for every real query).

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from assay.llama import FAMILY, _cat_bias, _norm, prompt_cache, supported  # noqa: F401  (FAMILY and supported are part of this module's API)
+from assay.llama import _cat_bias, _norm, prompt_cache, rotary_table
 
 
 def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
@@ -65,7 +65,7 @@ class StaticDecoder:
     built at prefill and applied to queries and keys together (`x·cos + roll(x)·sin`, the
     sign of `rotate_half` folded into the table), the attention scale folded into the
     fused query weights (when there is no q-norm after them), masking fused into the
-    score matmul (`baddbmm`), residual adds fused into the output matmuls (`addmm`).
+    score matmul (`baddbmm`), and every projection weight-major (`_linear_t`).
     """
 
     def __init__(self, model):
@@ -114,11 +114,7 @@ class StaticDecoder:
         bias[:, :P].masked_fill_(mask.repeat_interleave(repeat, 0) == 1, 0.0)
         self.bias = bias
         self.filled = P
-        # rotary tables for every position a row can reach; rotate_half's sign goes into sin
-        cos, sin = self.model.model.rotary_emb(ref, torch.arange(S, device=ref.device)[None])
-        half = self.head_dim // 2
-        self.cos, self.sin = cos[0].to(ref.dtype), sin[0].to(ref.dtype).clone()  # [S, D]
-        self.sin[:, :half].neg_()
+        self.cos, self.sin = rotary_table(self.model, ref, torch.arange(S, device=ref.device))  # every position a row can reach
         return logits
 
     def select(self, idx: torch.Tensor) -> None:
@@ -158,4 +154,4 @@ class StaticDecoder:
             gate, up = _linear_t(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
             x = _add_linear(x, mlp.act_fn(gate) * up, mlp.down_proj)
         self.filled = t + 1
-        return self.model.lm_head(self.final_norm(x))
+        return self.model.get_output_embeddings()(self.final_norm(x))

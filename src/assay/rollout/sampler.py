@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from assay.rollout.decoder import StaticDecoder, hf_prefill, supported
+from assay.llama import supported
+from assay.rollout.decoder import StaticDecoder, hf_prefill
 from assay.types import Sample, Trajectory
 
 

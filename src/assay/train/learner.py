@@ -87,7 +87,7 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
 
     Only the T positions that predict completion tokens go through the LM head. With
     `fast` (the default) a Llama-family model runs assay's shared-prefix forward
-    (`assay.train.forward`: each distinct prompt once); otherwise, and for other models,
+    (`assay.llama`: each distinct prompt once); otherwise, and for other models,
     the model's own forward runs every row whole. When the logits would be large (at
     least `CHUNKED_MIN_ELEMENTS`) and the LM head is a plain matrix, the head runs in
     chunks (`assay.train.logprobs`), so `[B, T, V]` logits are never held for the backward
