@@ -5,6 +5,8 @@ plain reference implementations written out here: the same logprobs, losses and
 gradients within 1e-5, and sampling that a seed reproduces.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -287,3 +289,81 @@ def test_a_sliding_window_model_decodes_fast_when_sequences_fit_the_window():
     for a, b in zip(*runs):
         assert a.completion_ids == b.completion_ids
         _assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+
+
+# -- rows with zero advantage are left out of the update ---------------------------------
+
+@pytest.fixture(scope="module")
+def arith_batch():
+    from assay.models import load_policy
+
+    model, tok = load_policy("tiny-arith")
+    prompts = [s for _, s in zip(range(6), make_task("arithmetic").stream("train", 1))]
+    trajs = TorchSampler(model, tok).generate(prompts, 4, SamplingParams(6, 1.2), torch.Generator().manual_seed(0))
+    batch = learner.collate(trajs, [RewardResult(score=float(i % 2)) for i in range(len(trajs))], tok.pad_token_id, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(1)
+    batch.old_logprobs = batch.old_logprobs + 0.3 * torch.randn(batch.mask.shape, generator=gen) * batch.mask  # ratios off 1: clips engage
+    adv = torch.randn(batch.mask.shape, generator=gen)
+    adv[:4] = 0.0  # one whole group scored alike
+    adv[8:12] = 0.0
+    short = int(batch.mask.sum(-1).argmin())
+    adv[short] = torch.where(batch.mask[short].bool(), 0.0, 5.0)  # nonzero only on padding: inert too
+    return model, batch, adv, len({0, 1, 2, 3, 8, 9, 10, 11, short})
+
+
+def _update(model, batch, adv, algo, size, skip):
+    model.train()
+    model.zero_grad(set_to_none=True)
+    metrics = learner.accumulate_step(model, None, batch, adv, algo, 1.0, 6, micro_batch_tokens=size, skip_inert=skip)
+    return metrics, _grads(model)
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo", "sapo", "reinforce"])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("size", [0, 40])
+def test_skipping_zero_advantage_rows_keeps_the_gradient(arith_batch, loss, aggregation, size):
+    model, batch, adv, inert = arith_batch
+    algo = AlgoConfig(loss=loss, aggregation=aggregation)
+    assert learner.skips_inert_rows(algo)
+    full, g_full = _update(model, batch, adv, algo, size, skip=False)
+    skip, g_skip = _update(model, batch, adv, algo, size, skip=True)
+    assert skip["actor/skipped_frac"] == pytest.approx(inert / batch.mask.shape[0])
+    assert any(float(g.abs().max()) > 0 for g in g_full)
+    for a, b in zip(g_skip, g_full):
+        _assert_close(a, b)
+    assert skip["actor/loss"] == pytest.approx(full["actor/loss"], abs=1e-6)
+
+
+def test_an_all_inert_batch_steps_the_optimizer_as_the_full_update_does(arith_batch):
+    model, batch, adv, _ = arith_batch
+    algo = AlgoConfig()
+    weights = {}
+    for skip in (False, True):
+        torch.manual_seed(0)
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+        for a, s in ((adv, False), (torch.zeros_like(adv), skip)):  # a real step builds up Adam's moments; then one with nothing to learn
+            metrics, _ = _update(m, batch, a, algo, 0, s)
+            opt.step()
+        weights[skip] = [p.detach().clone() for p in m.parameters()]
+        if skip:
+            assert metrics["actor/skipped_frac"] == 1.0 and metrics["actor/loss"] == 0.0
+    for a, b in zip(weights[True], weights[False]):
+        _assert_close(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(weights[True], model.parameters()))
+
+
+def test_rows_are_not_skipped_when_a_zero_advantage_still_has_a_gradient(arith_batch):
+    model, batch, adv, _ = arith_batch
+    ref = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():  # a reference apart from the policy, so the KL term has a gradient
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    for algo, ref_model in ((AlgoConfig(entropy_coef=0.01), None), (AlgoConfig(kl_coef=0.1), ref)):
+        assert not learner.skips_inert_rows(algo, ref_model)
+        model.zero_grad(set_to_none=True)
+        model.train()
+        metrics = learner.accumulate_step(model, ref_model, batch, torch.zeros_like(adv), algo, 1.0, 6, skip_inert=True)
+        assert metrics["actor/skipped_frac"] == 0.0
+        assert any(float(p.grad.abs().max()) > 0 for p in model.parameters() if p.grad is not None)
+    assert learner.skips_inert_rows(AlgoConfig(kl_coef=0.1, advantage="frpo"), ref)  # KL through the advantages only

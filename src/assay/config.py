@@ -187,6 +187,12 @@ class TrainConfig(Section):
     and wherever the trainer recomputes logprobs: each distinct prompt once per micro-batch
     (Prefix Grouper's shared-prefix forward), fused projections; the same logprobs and
     gradients as the model's own forward, to rounding. False: always the model's own forward."""
+    skip_zero_advantage: bool = True
+    """Leave out of the update the rows whose advantage is zero on every token (groups whose
+    completions all scored alike, under GRPO and the other group-relative estimators): they
+    add no loss and no gradient, so the update is the same to rounding, only shorter. Applies
+    when the loss is one of the built-ins, with no entropy bonus and no KL term in the loss;
+    `actor/skipped_frac` reports the share left out. False: every row runs."""
 
 
 class RunConfig(Section):

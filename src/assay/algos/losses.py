@@ -154,6 +154,12 @@ def reinforce(
     return loss, {"ratio_mean": _metric_mean(torch.exp(logprobs - old_logprobs), mask)}
 
 
+# a token whose advantage is 0 adds exactly zero loss and gradient under each of these, so the learner
+# may leave rows with zero advantage out of the update (`assay.train.learner.skips_inert_rows`)
+ppo_clip.zero_at_zero_advantage = gspo.zero_at_zero_advantage = cispo.zero_at_zero_advantage = True
+sapo.zero_at_zero_advantage = reinforce.zero_at_zero_advantage = True
+
+
 def value_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
     clip: float | None = 0.2,

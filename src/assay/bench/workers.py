@@ -88,7 +88,8 @@ def assay_run_config(cfg: BenchConfig, model_dir: str, work_dir: str, threads: i
         "rollout": {"prompts_per_step": cfg.prompts_per_step, "group_size": cfg.group_size, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": 1.0},
         "algo": {"kl_coef": 0.0, "epochs": 1, "minibatches": 1},
         "optim": {"lr": cfg.lr, "warmup_steps": 0},
-        "train": {"steps": cfg.warmup + cfg.steps, "eval_every": 0, "save_every": 0, "eval_n": 1, "threads": threads},
+        "train": {"steps": cfg.warmup + cfg.steps, "eval_every": 0, "save_every": 0, "eval_n": 1, "threads": threads,
+                  "skip_zero_advantage": False},  # the bench's random model scores 0 everywhere: every row would be skipped
     })
 
 

@@ -210,8 +210,24 @@ def pack_rows(batch: Batch, budget: int) -> list[torch.Tensor]:
     return [torch.tensor(g, dtype=torch.long, device=batch.mask.device) for g in groups]
 
 
+def skips_inert_rows(algo: AlgoConfig, ref_model=None) -> bool:
+    """Whether rows with a zero advantage on every token may be left out of the update exactly.
+
+    True when such a row adds nothing to the loss or its gradient: the policy loss declares
+    `zero_at_zero_advantage` (all the built-ins: each token's loss is its advantage times a
+    function of the ratio), there is no entropy bonus, no KL term in the loss (KL
+    through the advantages, FRPO's way, is fine), and the aggregation declares the `unit`
+    of its denominator, which is then counted over the whole batch.
+    """
+    if not getattr(POLICY_LOSSES.get(algo.loss), "zero_at_zero_advantage", False) or algo.entropy_coef > 0:
+        return False
+    if ref_model is not None and algo.kl_coef > 0 and "ref_logprobs" not in requirements(algo.advantage):
+        return False
+    return getattr(AGGREGATIONS.get(algo.aggregation), "unit", None) is not None
+
+
 def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
-                    micro_batch_tokens: int = 0, fast: bool = True) -> dict[str, float]:
+                    micro_batch_tokens: int = 0, fast: bool = True, skip_inert: bool = False) -> dict[str, float]:
     """Forward and backward over `batch` in micro-batches, accumulating gradients (the optimizer step is the caller's).
 
     The gradient equals that of one `policy_step` over the whole batch: each micro-batch's
@@ -221,24 +237,53 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
     `micro_batch_tokens` padded tokens (`pack_rows`) and are trimmed of padding they do not
     need, so peak activation memory follows the budget rather than the batch.
     `micro_batch_tokens=0`, or an aggregation that declares no `unit`, runs the batch whole.
+
+    With `skip_inert`, where `skips_inert_rows` allows it, rows whose advantage is exactly
+    zero on every response token (a group whose completions all scored alike, under a
+    group-relative estimator) are not run at all: they would add zero loss and zero
+    gradient, and the shares keep the whole batch's denominator, so the gradient is the
+    same to rounding. `actor/loss` is still the whole batch's loss; the other `actor/*`
+    metrics then describe the rows that were run, and `actor/skipped_frac` says what share
+    of rows was left out. If every row is inert the gradients are set to zero, so the
+    optimizer steps exactly as it would have.
     """
     B = batch.mask.shape[0]
     unit = getattr(AGGREGATIONS.get(algo.aggregation), "unit", None)
-    if not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens:
+    rows = torch.arange(B, device=batch.mask.device)
+    skipped = 0
+    if skip_inert and skips_inert_rows(algo, ref_model):
+        live = ((advantages != 0) & batch.mask.bool()).any(-1)  # [B]
+        rows, skipped = live.nonzero()[:, 0], int(B - live.sum())
+    if not skipped and (not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens):
         loss, metrics = policy_step(model, ref_model, batch, advantages, algo, temperature, norm, fast)
         loss.backward()
-        return metrics
+        return {**metrics, "actor/skipped_frac": 0.0} if skip_inert else metrics
     total = float(batch.mask.sum()) if unit == "token" else float(B)
-    out: dict[str, float] = {}
-    for idx in pack_rows(batch, micro_batch_tokens):
-        sub, adv = trim(batch.select(idx), advantages[idx])
+    live_batch = batch.select(rows) if skipped else batch
+    chunks = pack_rows(live_batch, micro_batch_tokens) if micro_batch_tokens and rows.numel() else [torch.arange(rows.numel())]
+    sums: dict[str, float] = {}
+    ran = 0.0
+    for idx in chunks:
+        if not idx.numel():
+            continue
+        sub, adv = trim(live_batch.select(idx), advantages[rows[idx]])
         share = (float(sub.mask.sum()) if unit == "token" else float(idx.numel())) / max(total, 1.0)
         if share == 0.0:
             continue
         loss, metrics = policy_step(model, ref_model, sub, adv, algo, temperature, norm, fast)
         (loss * share).backward()
+        ran += share
         for k, v in metrics.items():
-            out[k] = out.get(k, 0.0) + v * share
+            sums[k] = sums.get(k, 0.0) + v * share
+    if ran == 0.0:  # nothing to learn from: zero gradients, so AdamW's moments and weight decay advance as usual
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    # the loss is a sum over shares of the whole batch; the other metrics are means over the rows that ran
+    out = {k: v if k == "actor/loss" else v / ran for k, v in sums.items()}
+    out.setdefault("actor/loss", 0.0)
+    if skip_inert:
+        out["actor/skipped_frac"] = skipped / max(B, 1)
     return out
 
 

@@ -262,7 +262,8 @@ class Trainer:
             for idx in torch.arange(B).chunk(cfg.algo.minibatches):
                 self.opt.zero_grad(set_to_none=True)
                 m = accumulate_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature,
-                                    cfg.rollout.max_new_tokens, self.micro_batch_tokens, cfg.train.fast_forward)
+                                    cfg.rollout.max_new_tokens, self.micro_batch_tokens, cfg.train.fast_forward,
+                                    cfg.train.skip_zero_advantage)
                 m["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
                 self.opt.step()
                 for k, v in m.items():
