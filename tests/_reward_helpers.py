@@ -40,3 +40,21 @@ class FailsToLoad(Reward):
 
     def score(self, t):
         return RewardResult(1.0)
+
+
+class RandomSteps(Reward):
+    """A process reward for tests: the completion split in two steps, each scored 0/1 at random.
+
+    Deterministic per (prompt id, completion), like the `random` control reward; the outcome
+    score is the last step's, so process estimators see real per-step signal.
+    """
+
+    def score(self, t):
+        import hashlib
+
+        text = t.completion
+        cut = max(1, len(text) // 2)
+        spans = [(0, cut), (cut, max(cut, len(text)))]
+        bits = hashlib.blake2b(f"{t.sample.id}\0{text}".encode(), digest_size=2).digest()
+        steps = [float(bits[0] & 1), float(bits[1] & 1)]
+        return RewardResult(steps[-1], steps=steps, spans=spans)

@@ -1,10 +1,17 @@
-"""Every advantage estimator and policy loss trains through the real loop for 3 steps."""
+"""Every advantage estimator and policy loss trains through the real loop for 3 steps.
+
+Runs are scored by `LEARNING_SIGNAL` (a 0/1 reward that varies within groups), so each one
+really updates the model; the first update's loss is recomputed here directly from the
+same batch (the estimator through `compute_advantages`, the loss function on the model's
+own logprobs) and must equal what the trainer logged.
+"""
 
 import math
 
 import pytest
 import torch
 
+from _train_helpers import LEARNING_SIGNAL, assert_learned, direct_first_loss
 from assay.algos import ADVANTAGES, POLICY_LOSSES, requirements
 from assay.config import AlgoConfig, load_config
 from assay.errors import AssayError
@@ -20,8 +27,39 @@ CRITIC_KEYS = {"critic/loss", "critic/explained_variance", "critic/value_mean", 
 def cfg(model_dir, out, name, *extra):
     return load_config(None, [
         f"model.path={model_dir}", f"output_dir={out}", f"run_name={name}", "train.steps=3", "train.eval_every=0",
-        "train.eval_n=8", "train.save_every=0", "reward_workers=0", "rollout.prompts_per_step=3", "rollout.group_size=4", "train.threads=1", *extra,
+        "train.eval_n=8", "train.save_every=0", "reward_workers=0", "rollout.prompts_per_step=3", "rollout.group_size=4", "train.threads=1",
+        "optim.lr=1e-3", LEARNING_SIGNAL, *extra,
     ])
+
+
+@pytest.fixture
+def first_batch(monkeypatch):
+    """Records the first step's batch and the advantages the trainer computed for it."""
+    import assay.train.rl as rl
+
+    seen = {}
+    real = rl.compute_advantages
+
+    def capture(batch, algo, extras=None):
+        adv = real(batch, algo, extras)
+        seen.setdefault("batch", batch)
+        seen.setdefault("advantages", adv)
+        seen.setdefault("again", lambda: real(batch, algo, extras))
+        return adv
+
+    monkeypatch.setattr(rl, "compute_advantages", capture)
+    return seen
+
+
+def check_first_update(trainer_cfg, model_dir, seen, row):
+    """The logged first loss is the loss function's on that batch; the advantages are compute_advantages'."""
+    from assay.models import load_policy
+
+    torch.testing.assert_close(seen["again"](), seen["advantages"])
+    assert float(seen["advantages"].abs().max()) > 0  # the reward varied: there is something to learn
+    model, _ = load_policy(str(model_dir))
+    want = direct_first_loss(model, seen["batch"], seen["advantages"], trainer_cfg)
+    assert row["actor/loss"] == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 
 def trained_steps(run_dir):
@@ -29,14 +67,19 @@ def trained_steps(run_dir):
 
 
 @pytest.mark.parametrize("advantage", sorted(ADVANTAGES.names()))
-def test_every_estimator_trains(tiny_model_dir, tmp_path, advantage):
+def test_every_estimator_trains(tiny_model_dir, tmp_path, advantage, first_batch):
     extra = ["algo.kl_coef=0.05"] if "ref_logprobs" in requirements(advantage) else []
+    if "step_rewards" in requirements(advantage):  # a process reward: a score per step
+        extra.append("reward={name: '_reward_helpers:RandomSteps'}")
     if "components" in requirements(advantage):  # a composed reward with named components
-        extra.append("reward={name: weighted, args: {components: {correct: arithmetic, short: {name: length, args: {max_len: 3}}}}}")
-    d = Trainer(cfg(tiny_model_dir, tmp_path, advantage, f"algo.advantage={advantage}", *extra)).fit(progress=False).run_dir
+        extra.append("reward={name: weighted, args: {components: {correct: {name: random, args: {p: 0.5}}, short: {name: length, args: {max_len: 3}}}}}")
+    c = cfg(tiny_model_dir, tmp_path, advantage, f"algo.advantage={advantage}", *extra)
+    d = Trainer(c).fit(progress=False).run_dir
     rows = trained_steps(d)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["actor/loss"]) and math.isfinite(r["actor/grad_norm"]) for r in rows)
+    assert_learned(d, tiny_model_dir)
+    check_first_update(c, tiny_model_dir, first_batch, rows[0])
     if advantage in NEEDS_CRITIC:  # the trainer built and trained a critic for it
         assert all(CRITIC_KEYS <= r.keys() and r["critic/loss"] >= 0 for r in rows)
         assert (d / "checkpoints" / "step_000003" / "critic.safetensors").is_file()
@@ -45,9 +88,21 @@ def test_every_estimator_trains(tiny_model_dir, tmp_path, advantage):
 
 
 @pytest.mark.parametrize("loss", POLICY_LOSSES.names())
-def test_every_loss_trains(tiny_model_dir, tmp_path, loss):
-    d = Trainer(cfg(tiny_model_dir, tmp_path, loss, f"algo.loss={loss}", "algo.aggregation=seq-mean-token-sum-norm")).fit(progress=False).run_dir
-    assert [r["step"] for r in trained_steps(d)] == [1, 2, 3]
+def test_every_loss_trains(tiny_model_dir, tmp_path, loss, first_batch):
+    c = cfg(tiny_model_dir, tmp_path, loss, f"algo.loss={loss}", "algo.aggregation=seq-mean-token-sum-norm")
+    d = Trainer(c).fit(progress=False).run_dir
+    rows = trained_steps(d)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert_learned(d, tiny_model_dir)
+    check_first_update(c, tiny_model_dir, first_batch, rows[0])
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_every_aggregation_trains(tiny_model_dir, tmp_path, aggregation, first_batch):
+    c = cfg(tiny_model_dir, tmp_path, aggregation, "algo.loss=reinforce", f"algo.aggregation={aggregation}")
+    d = Trainer(c).fit(progress=False).run_dir
+    assert_learned(d, tiny_model_dir)
+    check_first_update(c, tiny_model_dir, first_batch, trained_steps(d)[0])
 
 
 @pytest.mark.parametrize("advantage", sorted(NEEDS_CRITIC))

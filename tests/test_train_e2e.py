@@ -1,4 +1,8 @@
-"""End-to-end runs of `assay train` on a tiny randomly initialised model."""
+"""End-to-end runs of `assay train` on a tiny randomly initialised model.
+
+Every run is scored by `LEARNING_SIGNAL` (a deterministic 0/1 reward, p = 0.5) unless a test
+sets its own reward, so the weights really move and "trains like X" compares real updates.
+"""
 
 import json
 import re
@@ -6,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _train_helpers import LEARNING_SIGNAL, assert_learned, assert_same_update, weights
 from assay.config import load_config
 from assay.report.metrics import read_metrics
 from assay.train.rl import Trainer
@@ -14,7 +19,8 @@ from assay.train.rl import Trainer
 def run_cfg(model_dir, out, name, *extra):
     return load_config(None, [
         f"model.path={model_dir}", f"output_dir={out}", f"run_name={name}", "train.steps=3", "train.eval_every=2",
-        "train.eval_n=16", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.threads=1", *extra,
+        "train.eval_n=16", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.threads=1",
+        "optim.warmup_steps=0", "optim.lr=1e-3", LEARNING_SIGNAL, *extra,
     ])
 
 
@@ -43,6 +49,9 @@ def test_two_step_run_writes_everything(tiny_model_dir, tmp_path):
     assert "held-out accuracy at end" in (d / "report.html").read_text()
     # the sampler's logprobs are the trainer's: on-policy, the first update sees ratio 1
     assert abs(rows[1]["actor/ratio_mean"] - 1.0) < 1e-4
+    assert_learned(d, tiny_model_dir)
+    # the reference stays where the policy started: no KL on the first update, some once the policy moved
+    assert rows[1]["actor/kl"] == pytest.approx(0.0, abs=1e-6) and rows[2]["actor/kl"] > 1e-6
 
 
 def test_same_seed_same_metrics(tiny_model_dir, tmp_path):
@@ -51,6 +60,9 @@ def test_same_seed_same_metrics(tiny_model_dir, tmp_path):
     c = Trainer(run_cfg(tiny_model_dir, tmp_path, "c", "train.save_every=0", "seed=1")).fit(progress=False).run_dir
     assert steps_of(a) == steps_of(b)
     assert steps_of(a) != steps_of(c)
+    wa, wb = weights(a / "final"), weights(b / "final")
+    assert all(wa[k].equal(wb[k]) for k in wa)
+    assert_learned(a, tiny_model_dir)
 
 
 #: every piece with state of its own on at once: critic (weights + AdamW), retry buffer, variance
@@ -65,27 +77,31 @@ STATEFUL = [
 def test_interrupted_run_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, monkeypatch, extra):
     full = Trainer(run_cfg(tiny_model_dir, tmp_path, "full", *extra)).fit(progress=False).run_dir
 
-    real_step = Trainer.train_step
+    real_rollout = Trainer._rollout
     calls = {"n": 0}
 
-    def stop_at_third(self):
+    def stop_in_third(self):  # Ctrl-C after the third step's rollouts were generated and scored
+        out = real_rollout(self)
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real_step(self)
+        return out
 
-    monkeypatch.setattr(Trainer, "train_step", stop_at_third)
-    cut = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut", *extra))
+    monkeypatch.setattr(Trainer, "_rollout", stop_in_third)
+    cut = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut", *extra, "train.save_every=0"))
     with pytest.raises(KeyboardInterrupt):
         cut.fit(progress=False)
     assert sorted(steps_of(cut.run_dir)) == [1, 2]
-    monkeypatch.setattr(Trainer, "train_step", real_step)
+    monkeypatch.setattr(Trainer, "_rollout", real_rollout)
 
-    resumed = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut", *extra), run_dir=cut.run_dir, resume=True)
+    resumed = Trainer(run_cfg(tiny_model_dir, tmp_path, "cut", *extra, "train.save_every=0"), run_dir=cut.run_dir, resume=True)
     assert resumed.step == 2
     resumed.fit(progress=False)
     assert steps_of(cut.run_dir) == steps_of(full)
     assert steps_of(full)[3]["reward/mean"] == steps_of(cut.run_dir)[3]["reward/mean"]
+    wf, wc = weights(full / "final"), weights(cut.run_dir / "final")
+    assert all(wf[k].equal(wc[k]) for k in wf)  # bit for bit
+    assert_learned(full, tiny_model_dir)
     if extra:  # the pieces really ran, so their state mattered
         rows = steps_of(full).values()
         assert all({"critic/loss", "mismatch/weight_mean", "sampling/retry_size", "sampling/picked_var", "sampling/rounds", "sampling/gold_injected"} <= r.keys() for r in rows)
@@ -104,19 +120,18 @@ def test_user_jsonl_data_trains(tiny_model_dir, tmp_path):
 
 
 def test_micro_batches_train_like_the_whole_batch(tiny_model_dir, tmp_path):
-    # 0.1 MiB forces every update into micro-batches of a few rows; the trained weights
+    # 0.1 MiB forces every update into micro-batches of a few rows; the update they make
     # must match a run that takes each batch whole.
-    import torch
-    from safetensors.torch import load_file
+    from _train_helpers import update_of
 
     runs = {}
     for name, mb in (("whole", "0"), ("micro", "0.1")):
         trainer = Trainer(run_cfg(tiny_model_dir, tmp_path, name, "train.steps=2", "train.eval_every=0", f"train.micro_batch_mb={mb}"))
         if name == "micro":
             assert 0 < trainer.micro_batch_tokens < 16 * 4
-        runs[name] = load_file(trainer.fit(progress=False).run_dir / "final" / "model.safetensors")
-    for k, v in runs["whole"].items():
-        assert torch.allclose(runs["micro"][k], v, atol=1e-5), k
+        runs[name] = trainer.fit(progress=False).run_dir
+    assert_learned(runs["whole"], tiny_model_dir)
+    assert_same_update(update_of(runs["micro"], tiny_model_dir), update_of(runs["whole"], tiny_model_dir))
 
 
 def test_a_finished_run_is_never_overwritten(tiny_model_dir, tmp_path):
@@ -132,10 +147,8 @@ def test_a_finished_run_is_never_overwritten(tiny_model_dir, tmp_path):
 
 def test_assays_forward_trains_like_the_models_own(tiny_model_dir, tmp_path):
     # train.fast_forward (the shared-prefix forward) and optim.fused change how the update
-    # is computed, never what it computes: the trained weights match the plain run's.
-    import torch
-    from safetensors.torch import load_file
-
+    # is computed, never what it computes: the update matches the plain run's.
+    from _train_helpers import update_of
     from assay import llama
 
     runs = {}
@@ -143,6 +156,6 @@ def test_assays_forward_trains_like_the_models_own(tiny_model_dir, tmp_path):
         trainer = Trainer(run_cfg(tiny_model_dir, tmp_path, name, "train.steps=2", "train.eval_every=0",
                                   f"train.fast_forward={flag}", f"optim.fused={flag}"))
         assert llama.supported(trainer.model) is None  # a Qwen2: the fast run really takes assay's forward
-        runs[name] = load_file(trainer.fit(progress=False).run_dir / "final" / "model.safetensors")
-    for k, v in runs["plain"].items():
-        assert torch.allclose(runs["fast"][k], v, atol=1e-5), k
+        runs[name] = trainer.fit(progress=False).run_dir
+    assert_learned(runs["plain"], tiny_model_dir)
+    assert_same_update(update_of(runs["fast"], tiny_model_dir), update_of(runs["plain"], tiny_model_dir))

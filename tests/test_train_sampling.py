@@ -57,7 +57,7 @@ def test_dynamic_sampling_trains_only_informative_groups(tiny_model_dir, tmp_pat
 
 
 def test_gold_injection_puts_the_verified_answer_into_all_fail_groups(tiny_model_dir, tmp_path, monkeypatch):
-    rows, seen = run(tiny_model_dir, tmp_path, "gold", "sampling.inject_gold=true", monkeypatch=monkeypatch)
+    rows, seen = run(tiny_model_dir, tmp_path, "gold", "sampling.inject_gold=true", "reward=arithmetic", monkeypatch=monkeypatch)
     for r, batch in zip(rows, seen):
         # the random tiny model never solves arithmetic: all 3 groups fail, each gets its reference
         assert r["train/accuracy"] == 0.0 and r["sampling/gold_injected"] == 3.0 and r["sampling/gold_rejected"] == 0.0
@@ -66,12 +66,12 @@ def test_gold_injection_puts_the_verified_answer_into_all_fail_groups(tiny_model
         assert r["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # the gold's π_old is the trainer's own
         assert r["actor/grad_norm"] > 0  # GRPO now has a signal: the gold gets A = +1.5, the rest −0.5
     # a reference the reward does not accept is not injected
-    rows, _ = run(tiny_model_dir, tmp_path, "nogold", "sampling.inject_gold=true", "sampling.gold_field=ops", monkeypatch=monkeypatch)
+    rows, _ = run(tiny_model_dir, tmp_path, "nogold", "sampling.inject_gold=true", "sampling.gold_field=ops", "reward=arithmetic", monkeypatch=monkeypatch)
     assert all(r["sampling/gold_injected"] == 0.0 and r["sampling/gold_rejected"] == 3.0 for r in rows)
 
 
 def test_retry_buffer_brings_back_unsolved_prompts(tiny_model_dir, tmp_path, monkeypatch):
-    rows, seen = run(tiny_model_dir, tmp_path, "retry", "sampling.retry=true", "sampling.retry_frac=0.5", "sampling.retry_max=3",
+    rows, seen = run(tiny_model_dir, tmp_path, "retry", "sampling.retry=true", "sampling.retry_frac=0.5", "sampling.retry_max=3", "reward=arithmetic",
                      monkeypatch=monkeypatch)
     # every group fails: step 1 fills the buffer with 3 prompts; steps 2 and 3 retry round(0.5 · 3) = 2 of them
     # (which fail again and go back) and add 1 fresh failure each

@@ -9,26 +9,40 @@ import sys
 from assay.errors import AssayError
 
 
+def split_train_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """`(config file, overrides)` from the positional arguments, in any order: the one without `=` is the file."""
+    files = [a for a in items if "=" not in a]
+    if len(files) > 1:
+        raise AssayError(f"give at most one config file; got {', '.join(map(repr, files))} (overrides are key=value)")
+    return (files[0] if files else None), [a for a in items if "=" in a]
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from assay.config import load_config
+    from assay.train.interrupt import Preempted
     from assay.train.rl import Trainer
+    from assay.train.runs import resume_config
 
-    config_path, overrides = None, list(args.overrides)
-    if args.config and "=" not in args.config:
-        config_path = args.config
-    elif args.config:
-        overrides.insert(0, args.config)
-    cfg = load_config(config_path, overrides)
-    run_dir = None
+    config_path, overrides = split_train_args(args.args)
     if args.resume:
-        from pathlib import Path
-
-        run_dir = Path(args.resume)
-        if not run_dir.is_dir():
-            raise AssayError(f"--resume: run folder {args.resume!r} does not exist")
-    trainer = Trainer(cfg, run_dir=run_dir, resume=bool(args.resume))
+        if config_path:
+            raise AssayError(f"--resume continues the run with its own config; drop {config_path!r} (overrides allowed: "
+                             "train.steps, eval/save cadence, threads)")
+        cfg = resume_config(args.resume, overrides)
+    else:
+        cfg = load_config(config_path, overrides)
+    trainer = Trainer(cfg, run_dir=args.resume, resume=bool(args.resume))
+    if trainer.finished:
+        print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
+              "nothing to do (raise train.steps to continue it)", file=sys.stderr)
+        return 0
     print(f"run folder: {trainer.run_dir}", file=sys.stderr)
-    result = trainer.fit(progress=not args.no_progress)
+    try:
+        result = trainer.fit(progress=not args.no_progress)
+    except (KeyboardInterrupt, Preempted) as e:
+        how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)
+        print(f"assay: {how} at step {trainer.step}; checkpoint saved; continue with: assay train --resume {trainer.run_dir}", file=sys.stderr)
+        return code
     for k, v in result.final.items():
         print(f"{k}: {v}", file=sys.stderr)
     print(f"report: {result.run_dir / 'report.html'}", file=sys.stderr)
@@ -101,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="run RL training (GRPO on the bundled model by default)")
-    t.add_argument("config", nargs="?", help="a YAML config file (optional)")
-    t.add_argument("overrides", nargs="*", help="dotted overrides, for example train.steps=100 algo.advantage=rloo")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint")
+    t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                   help="a YAML config file (optional) and dotted overrides, in any order, for example train.steps=100 algo.advantage=rloo")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with the run's own config "
+                   "(overrides may change train.steps, eval/save cadence, threads)")
     t.add_argument("--no-progress", action="store_true", help="no live progress bar")
     t.set_defaults(fn=cmd_train)
 
@@ -155,7 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from assay.log import setup_cli_logging
+
+    setup_cli_logging()
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and getattr(args, "command", None) == "train" and not any(r.startswith("-") for r in rest):
+        args.args += rest  # positionals after an option (`CONFIG --no-progress k=v`): options and overrides in any order
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.fn(args)
     except AssayError as e:

@@ -249,22 +249,28 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = _parse_value(value)
 
 
-def _explain(err: ValidationError, data: dict[str, Any]) -> str:
+def explain(err: ValidationError, data: dict[str, Any], root: type[BaseModel] | None = None, what: str = "config") -> str:
+    """One line for the first validation error: the dotted key, the value given, what is allowed.
+
+    `root` is the top-level model (default `RunConfig`); `what` names the kind of config
+    in the message ("config", "bench config", ...).
+    """
+    root = root or RunConfig
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
+    loc = ".".join(str(p) for p in e["loc"])
     value: Any = data
     for p in e["loc"]:
         value = value.get(p, None) if isinstance(value, dict) else None
     if e["type"] == "extra_forbidden":
-        section: type[BaseModel] = RunConfig
+        section: type[BaseModel] = root
         for p in e["loc"][:-1]:
             ann = section.model_fields.get(str(p))
             section = ann.annotation if ann and isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel) else section
         allowed = ", ".join(section.model_fields)
-        return f"unknown config key {loc!r}; allowed here: {allowed}"
+        return f"unknown {what} key {loc!r}; allowed here: {allowed}"
     if e["type"] == "value_error" and str(e["msg"]).startswith("Value error, invalid config value"):
         return str(e["msg"]).removeprefix("Value error, ")  # a cross-field check, already one full line
-    return f"invalid config value {loc}={value!r}: {e['msg']}"
+    return f"invalid {what} value {loc}={value!r}: {e['msg']}"
 
 
 def read_yaml_mapping(path: str) -> dict[str, Any]:
@@ -289,4 +295,4 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise AssayError(_explain(e, data)) from None
+        raise AssayError(explain(e, data)) from None

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from assay.config import Section, read_yaml_mapping
+from assay.config import Section, explain, read_yaml_mapping
 from assay.errors import AssayError
 
 
@@ -74,16 +74,5 @@ def load_bench_config(path: str | None = None, **overrides: Any) -> BenchConfig:
     try:
         return BenchConfig.model_validate(data)
     except ValidationError as e:
-        raise AssayError(_explain(e, data)) from None
+        raise AssayError(explain(e, data, BenchConfig, "bench config")) from None
 
-
-def _explain(err: ValidationError, data: dict[str, Any]) -> str:
-    e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"])
-    if e["type"] == "extra_forbidden":
-        section = BenchModelConfig if len(e["loc"]) > 1 and e["loc"][0] == "model" else BenchConfig
-        return f"unknown bench config key {loc!r}; allowed here: {', '.join(section.model_fields)}"
-    value: Any = data
-    for p in e["loc"]:
-        value = value.get(p) if isinstance(value, dict) else None
-    return f"invalid bench config value {loc}={value!r}: {e['msg']}"

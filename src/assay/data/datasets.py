@@ -14,6 +14,7 @@ from typing import Any
 from assay.data.tasks import make_task
 from assay.data.tasks.base import Task
 from assay.errors import AssayError
+from assay.log import log
 from assay.types import Sample
 
 CORE_FIELDS = ("prompt", "answer", "id")
@@ -126,17 +127,51 @@ class PromptSource:
             self.consumed += 1
 
 
+def prompt_key(sample: Sample) -> str:
+    """What makes two rows the same problem: the prompt (JSON for a list of chat messages)."""
+    return sample.prompt if isinstance(sample.prompt, str) else json.dumps(sample.prompt, sort_keys=True)
+
+
+def split_heldout(rows: list[Sample], fraction: float, seed: int, source: str) -> tuple[list[Sample], list[Sample]]:
+    """`(train, heldout)`: a seeded `fraction` of the rows held out, every copy of a held-out prompt with it.
+
+    Rows that repeat a prompt land on the same side, so a problem is never both trained
+    on and held out; a split that would leave nothing to train on is refused.
+    """
+    if fraction <= 0:
+        return rows, []
+    cut = max(1, int(len(rows) * fraction))
+    shuffled = rows[:]
+    random.Random(f"split:{seed}").shuffle(shuffled)
+    held = {prompt_key(s) for s in shuffled[:cut]}
+    heldout = [s for s in shuffled if prompt_key(s) in held]
+    train = [s for s in shuffled if prompt_key(s) not in held]
+    if not train:
+        raise AssayError(f"{source}: {len(rows)} rows; holding out data.eval_fraction={fraction:g} of them leaves none to train on "
+                         "(lower data.eval_fraction, add rows, or give data.eval_path)")
+    return train, heldout
+
+
+def drop_overlap(train: list[Sample], heldout: list[Sample], source: str) -> list[Sample]:
+    """Training rows whose prompt is not also held out (one warning line counts the others)."""
+    held = {prompt_key(s) for s in heldout}
+    kept = [s for s in train if prompt_key(s) not in held]
+    if len(kept) < len(train):
+        log.warning(f"{source}: {len(train) - len(kept)} training rows repeat a held-out prompt and are left out of training")
+    if not kept:
+        raise AssayError(f"{source}: every training row is also in the held-out data (data.eval_path)")
+    return kept
+
+
 def build_source(data, seed: int, eval_n: int) -> PromptSource:
-    """A `PromptSource` from a `DataConfig`."""
+    """A `PromptSource` from a `DataConfig`; training rows never share a prompt with held-out ones."""
     if data.path:
         rows = rows_to_samples(read_rows(data.path), data.fields, data.path)
         if data.eval_path:
             heldout = rows_to_samples(read_rows(data.eval_path), data.fields, data.eval_path)
+            rows = drop_overlap(rows, heldout, data.path)
         else:
-            cut = max(1, int(len(rows) * data.eval_fraction)) if data.eval_fraction > 0 else 0
-            shuffled = rows[:]
-            random.Random(f"split:{seed}").shuffle(shuffled)
-            heldout, rows = shuffled[:cut], shuffled[cut:] or shuffled
+            rows, heldout = split_heldout(rows, data.eval_fraction, seed, data.path)
         return PromptSource(rows, heldout[:eval_n], seed)
     if not data.task:
         raise AssayError("data: give a built-in task (data.task=arithmetic) or a file (data.path=FILE)")

@@ -1,7 +1,10 @@
 """Checkpoints in Hugging Face format, with optimizer, scheduler, data and RNG state.
 
-A checkpoint is written to a temporary folder and renamed into place, so an
-interruption never leaves a half-written checkpoint where a finished one was expected.
+A checkpoint is written to a temporary folder and renamed into place, and an old one is
+renamed out of the way before it is deleted, so an interruption at any moment (SIGKILL
+included) never leaves a half-written or half-deleted folder under a checkpoint's name.
+Leftovers of an interrupted write or delete start with a dot and are removed by
+`clean_leftovers`.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     generator.set_state(state["sampler"])
 
 
-def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tensors: dict[str, dict[str, torch.Tensor]] | None = None,
+                    files: dict[str, str] | None = None) -> Path:
     """Write model + tokenizer (HF format) and `trainer_state.pt` to `folder`, atomically.
 
     `tensors` maps a file stem to more weights written beside them (`critic` →
-    `critic.safetensors`); read one back with `load_tensors(folder, stem)`.
+    `critic.safetensors`); read one back with `load_tensors(folder, stem)`. `files` maps
+    file names to text written beside them (`run.json`).
     """
     from safetensors.torch import save_file
 
@@ -44,13 +49,39 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    torch.save(state, tmp / STATE_FILE)
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
     for stem, weights in (tensors or {}).items():
         save_file(weights, tmp / f"{stem}.safetensors")
+    torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete
+    mode = 0o666 & ~_umask()
+    for p in tmp.iterdir():
+        p.chmod(mode)  # as the user's umask says (safetensors' own writer makes 0600 files)
     if folder.exists():
-        shutil.rmtree(folder)
+        _remove(folder)
     os.replace(tmp, folder)
     return folder
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _remove(folder: Path) -> None:
+    """Delete a folder so that no half-deleted copy is ever left under its name."""
+    aside = folder.with_name(f".del-{folder.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def clean_leftovers(ckpt_dir: Path) -> None:
+    """Remove what an interrupted write or delete left behind (`.tmp-*`, `.del-*`)."""
+    if ckpt_dir.is_dir():
+        for p in [*ckpt_dir.glob(".tmp-*"), *ckpt_dir.glob(".del-*")]:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -64,7 +95,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
     done = sorted((p for p in ckpt_dir.glob("step_*") if (p / STATE_FILE).is_file()), key=lambda p: int(p.name.split("_")[1]))
     for p in done[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+        _remove(p)
 
 
 def load_state(folder: Path) -> dict[str, Any]:

@@ -32,6 +32,13 @@ class RunProgress:
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
 
+    def note(self, message: str) -> None:
+        """One line above the bar (or on stderr when the bar is off)."""
+        if self.enabled:
+            self.progress.console.print(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
     def update(self, step: int, m: dict[str, Any]) -> None:
         info = f"reward {_f(m.get('reward/mean'))}  acc {_f(m.get('train/accuracy'))}  held-out {_f(m.get('eval/accuracy'))}"
         self.progress.update(self.task, completed=step, info=info)

@@ -10,15 +10,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import yaml
 
 from assay.config import RunConfig
 from assay.data.datasets import PromptSource, build_source
@@ -29,26 +28,22 @@ from assay.report.metrics import JsonlSink
 from assay.report.run_report import write_report
 from assay.rewards.executor_factory import make_executor
 from assay.rollout.sampler import SamplingParams, TorchSampler
-from assay.train.checkpoint import latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
+from assay.train.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
+                                    save_checkpoint, set_rng_state)
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
 from assay.data.samplers import DynamicSampler, scored_rewards
 from assay.train.critic import Critic
 from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.train.learner import accumulate_step, activation_bytes_per_token, collate, compute_advantages, step_tensors, token_logprobs
+from assay.train.interrupt import Preempted, StopSignals
 from assay.train.progress import RunProgress
+from assay.train.runs import RUN_FILE, check_same_run, check_writable, new_run_dir, read_record, run_record, write_config
 
 
 @dataclass
 class RunResult:
     run_dir: Path
     final: dict[str, Any]
-
-
-def make_run_dir(cfg: RunConfig) -> Path:
-    name = cfg.run_name or f"{cfg.data.task or Path(cfg.data.path or 'data').stem}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.output_dir) / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
 
 
 def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
@@ -65,6 +60,13 @@ def rollout_metrics(trajs, results) -> dict[str, float]:
         "rollout/response_length": sum(lengths) / len(lengths),
         "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
     }
+
+
+def _recent_reward(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The training reward averaged over the last tenth of the steps (at least 1, at most 20)."""
+    vals = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    n = min(20, max(1, len(vals) // 10))
+    return {f"train reward (mean of the last {n} steps)": sum(vals[-n:]) / n if vals else None}
 
 
 def check_plugins(cfg: RunConfig) -> None:
@@ -94,10 +96,9 @@ class Trainer:
         self.gold = GoldInjector(self.tokenizer, cfg.sampling.gold_field, cfg.sampling.success) if cfg.sampling.inject_gold else None
         self.critic = Critic(self.model, cfg.critic, cfg.seed) if "values" in requirements(cfg.algo.advantage) else None
         self.executor = make_executor(cfg, self.source.reward)
-        self.run_dir = Path(run_dir) if run_dir else make_run_dir(cfg)
-        if not resume and (self.run_dir / "metrics.jsonl").exists():
-            raise AssayError(f"run folder {str(self.run_dir)!r} already holds a run; continue it with --resume {self.run_dir}, "
-                             "or choose another run_name")
+        if resume and run_dir is None:
+            raise AssayError("--resume needs the run folder to continue")
+        self.run_dir = Path(run_dir) if resume else new_run_dir(cfg, run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.sampler = TorchSampler(self.model, self.tokenizer, self.device)
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
@@ -108,10 +109,17 @@ class Trainer:
                                      fused=cfg.optim.fused and self.device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
         self.step = 0
+        self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
+        self._saved_at: int | None = None
         if resume:
             self._resume()
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        write_config(self.run_dir, cfg)
         self.sink = JsonlSink(self.run_dir / "metrics.jsonl", truncate_after=self.step)
+
+    @property
+    def finished(self) -> bool:
+        """Every step trained, evaluated and saved, and `final/` written: nothing is left to do."""
+        return self.step >= self.cfg.train.steps and self.evaluated_at == self.step and (self.run_dir / "final" / STATE_FILE).is_file()
 
     # -- checkpoints -------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -122,16 +130,24 @@ class Trainer:
         }
 
     def save(self) -> Path:
+        """A checkpoint of the current (finished) step; the oldest beyond `train.keep_checkpoints` go."""
         tensors = {"critic": self.critic.tensors()} if self.critic else None
-        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors)
+        record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
         self.sink.sync()
+        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+        self._saved_at = self.step
         return folder
 
     def _resume(self) -> None:
+        clean_leftovers(self.ckpt_dir)
         ckpt = latest_checkpoint(self.ckpt_dir)
         if ckpt is None:
             raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
+        record = read_record(ckpt)
+        check_same_run(record["config"], self.cfg)
+        if self.cfg.train.steps < record["step"]:
+            raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
         from safetensors.torch import load_file
 
         self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
@@ -140,20 +156,38 @@ class Trainer:
         state = load_state(ckpt)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
-        self.source.load_state_dict(state["data"])
-        if state.get("sampling") is not None:  # absent from checkpoints written before group sampling existed
-            self.picker.load_state_dict(state["sampling"])
+        self._restore({"data": state["data"], "sampling": state.get("sampling"), "rng": state["rng"]})
         if self.critic is not None:
             if state.get("critic_optimizer") is None or not (ckpt / "critic.safetensors").is_file():
                 raise AssayError(f"--resume: {ckpt} has no critic; algo.advantage={self.cfg.algo.advantage!r} needs one (resume with the run's own config)")
             self.critic.load(load_tensors(ckpt, "critic"), state["critic_optimizer"])
-        set_rng_state(state["rng"], self.generator)
-        self.step = state["step"]
+        self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
+
+    def _snapshot(self) -> dict[str, Any]:
+        """What generating a step's rollouts changes (data position, group samplers, RNG), to put back on an interrupt."""
+        return {"data": self.source.state_dict(), "sampling": copy.deepcopy(self.picker.state_dict()), "rng": rng_state(self.generator)}
+
+    def _restore(self, snap: dict[str, Any]) -> None:
+        self.source.load_state_dict(snap["data"])
+        if snap["sampling"] is not None:  # absent from checkpoints written before group sampling existed
+            self.picker.load_state_dict(copy.deepcopy(snap["sampling"]))
+        set_rng_state(snap["rng"], self.generator)
 
     # -- one step ----------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        cfg, t0 = self.cfg, time.perf_counter()
+        """One whole step: `learn(collect())`."""
+        return self.learn(self.collect())
+
+    def collect(self) -> tuple[list, list, dict[str, float], float]:
+        """Generate and score this step's rollouts (changes no weights)."""
+        t0 = time.perf_counter()
         trajs, results, metrics = self._rollout()
+        return trajs, results, metrics, t0
+
+    def learn(self, rollout) -> dict[str, float]:
+        """Advantages and the policy (and critic) update on collected rollouts; the step's metrics."""
+        cfg = self.cfg
+        trajs, results, metrics, t0 = rollout
         t_rew = time.perf_counter()
         prompts = list({t.group: t.sample for t in trajs}.values())  # one per group, in group order
         batch = collate(trajs, results, self.sampler.pad_id, self.device)
@@ -272,54 +306,82 @@ class Trainer:
         return {k: sum(v) / len(v) for k, v in agg.items()}
 
     def evaluate(self) -> dict[str, float]:
+        """Held-out greedy accuracy and length (nothing when the run has no held-out data)."""
+        if not self.source.heldout:
+            return {}
         r = evaluate(self.sampler, self.executor, self.source.heldout, self.cfg.rollout.max_new_tokens)
         return {"eval/accuracy": r.accuracy, "eval/mean_length": r.mean_length}
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self, progress: bool = True) -> RunResult:
+        """Train to `train.steps`, evaluate, save, write the report and `final/`.
+
+        Ctrl-C and SIGTERM stop it at a safe point with a checkpoint of the last finished
+        step (`assay.train.interrupt`); `KeyboardInterrupt` or `Preempted` then propagates.
+        """
         cfg = self.cfg
-        every_eval, every_save = cfg.train.eval_every, cfg.train.save_every
         last: dict[str, float] = {}
-        with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack:
+        with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack, \
+                StopSignals(notify=bar.note) as signals:
             stack.callback(self.executor.close)
             try:
-                if self.step == 0 and self.source.heldout:
-                    last.update(self.evaluate())
-                    self.sink.log(0, last)
+                if self.step == 0 and self.evaluated_at is None:
+                    with signals.critical():
+                        self._log(self.evaluate(), last, bar)
+                    signals.raise_pending()
                 while self.step < cfg.train.steps:
-                    metrics = self.train_step()
-                    self.step += 1
-                    if every_eval and self.step % every_eval == 0 and self.step < cfg.train.steps:
-                        metrics.update(self.evaluate())
-                    self.sink.log(self.step, metrics)
-                    last.update(metrics)
-                    bar.update(self.step, last)
-                    if every_save and self.step % every_save == 0 and self.step < cfg.train.steps:
+                    snapshot = self._snapshot()
+                    try:
+                        rollout = self.collect()
+                    except BaseException:
+                        self._restore(snapshot)  # no weight changed: the checkpoint is the last finished step's
+                        raise
+                    with signals.critical():
+                        self._finish_step(self.learn(rollout), last, bar)
+                    signals.raise_pending()
+                with signals.critical():
+                    if self.evaluated_at != self.step:
+                        self._log(self.evaluate(), last, bar)
+                    if self._saved_at != self.step:
                         self.save()
-            except KeyboardInterrupt:
-                self.save()
-                self.sink.close()
+                    summary = self._summary()
+                    write_report(self.run_dir, cfg.model_dump(mode="json"), summary)
+                    save_checkpoint(self.run_dir / "final", self.model, self.tokenizer, {"step": self.step})
+                signals.raise_pending()  # a signal during the last step's wrap-up: the run is complete anyway
+            except (KeyboardInterrupt, Preempted):
+                if not signals.torn and self._saved_at != self.step:
+                    self.save()
                 raise
-            final = self.evaluate()
-            self.sink.log(self.step, final)
-            last.update(final)
-            bar.update(self.step, last)
-            self.save()
-        self.sink.close()
-        summary = self._summary(last)
-        final_dir = self.run_dir / "final"
-        save_checkpoint(final_dir, self.model, self.tokenizer, {"step": self.step})
-        write_report(self.run_dir, cfg.model_dump(mode="json"), summary)
+            finally:
+                self.sink.close()
         return RunResult(self.run_dir, summary)
 
-    def _summary(self, last: dict[str, float]) -> dict[str, Any]:
+    def _finish_step(self, metrics: dict[str, float], last: dict[str, float], bar) -> None:
+        """Count the step; evaluate, log and save when due."""
+        cfg = self.cfg
+        self.step += 1
+        if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
+            metrics.update(self.evaluate())
+        self._log(metrics, last, bar, evaluated="eval/accuracy" in metrics)
+        if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
+            self.save()
+
+    def _log(self, metrics: dict[str, float], last: dict[str, float], bar, evaluated: bool = True) -> None:
+        if evaluated:
+            self.evaluated_at = self.step
+        if metrics:
+            self.sink.log(self.step, metrics)
+        last.update(metrics)
+        bar.update(self.step, last)
+
+    def _summary(self) -> dict[str, Any]:
         from assay.report.metrics import read_metrics
 
         rows = read_metrics(self.run_dir / "metrics.jsonl")
-        first_eval = next((r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None), None)
+        evals = [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
         return {
-            "steps": self.step, "held-out accuracy at start": first_eval, "held-out accuracy at end": last.get("eval/accuracy"),
-            "held-out problems": len(self.source.heldout), "final train reward (mean)": last.get("reward/mean"),
+            "steps": self.step, "held-out accuracy at start": evals[0] if evals else None, "held-out accuracy at end": evals[-1] if evals else None,
+            "held-out problems": len(self.source.heldout), **_recent_reward(rows),
             "model": self.cfg.model.path, "task": self.cfg.data.task or self.cfg.data.path,
             "total time (s)": round(sum(r.get("perf/step_s", 0) for r in rows), 1),
         }

@@ -1,0 +1,189 @@
+"""The README's promises about runs, through the real `assay` command and real signals.
+
+Ctrl-C (SIGINT) and SIGTERM stop a run with a checkpoint; `--resume` continues it with the
+run's own config to exactly the metrics and weights of a run that was never stopped.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _train_helpers import LEARNING_SIGNAL, weights
+from assay.report.metrics import read_metrics
+
+# a non-default config: a resume that fell back to defaults would train something else
+RUN = ["train.eval_every=5", "train.eval_n=16", "reward_workers=0", "rollout.prompts_per_step=3", "rollout.group_size=3",
+       "train.threads=1", "optim.lr=2e-3", "optim.warmup_steps=0", "rollout.max_new_tokens=5", LEARNING_SIGNAL]
+
+
+def assay(*args, check=True, **kw):
+    p = subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=300, **kw)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "assay.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def by_step(run_dir: Path) -> dict[int, dict]:
+    """Every logged figure by step (rows of the same step merged), without timings."""
+    out: dict[int, dict] = {}
+    for r in read_metrics(run_dir / "metrics.jsonl"):
+        out.setdefault(r["step"], {}).update({k: v for k, v in r.items() if not (k.startswith("perf/") or k.endswith("_per_s"))})
+    return out
+
+
+def trained_rows(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return sum(1 for r in read_metrics(path) if "reward/mean" in r) if path.exists() else 0
+
+
+def rows_of(run_dir: Path) -> list[dict]:
+    """Every metric row in order, without timings: a lost or repeated row shows here."""
+    timing = lambda k: k.startswith("perf/") or k.endswith("_per_s")
+    return [{k: v for k, v in r.items() if not timing(k)} for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def same_run(a: Path, b: Path) -> None:
+    assert rows_of(a) == rows_of(b)
+    wa, wb = weights(a / "final"), weights(b / "final")
+    assert all(wa[k].equal(wb[k]) for k in wa)  # bit for bit
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, tmp_path_factory):
+    """An uninterrupted 12-step run."""
+    out = tmp_path_factory.mktemp("ref")
+    assay("train", f"model.path={tiny_model_dir}", f"output_dir={out}", "run_name=ref", "train.steps=12", "--no-progress", *RUN)
+    return out / "ref"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(tiny_model_dir, tmp_path, reference, sig, code):
+    run = tmp_path / "cut"
+    p = start("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=cut", "train.steps=12",
+              "train.save_every=0", "--no-progress", *RUN)
+    deadline = time.time() + 120
+    while trained_rows(run) < 3 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == code, err
+    assert "checkpoint saved; continue with: assay train --resume" in err and "Traceback" not in err
+    stopped = trained_rows(run)
+    assert 3 <= stopped < 12
+    assert [c.name for c in (run / "checkpoints").iterdir()] == [f"step_{stopped:06d}"]  # the last finished step
+    assay("train", "--resume", str(run), "--no-progress")
+    same_run(run, reference)
+
+
+def test_resume_uses_the_runs_own_config(tiny_model_dir, tmp_path, reference):
+    run = tmp_path / "short"
+    assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=short", "train.steps=7", "train.save_every=3",
+          "--no-progress", *RUN)
+    # the run is finished: resuming it changes nothing and says so
+    before = (run / "metrics.jsonl").read_bytes()
+    p = assay("train", "--resume", str(run))
+    assert "already finished at step 7" in p.stderr and (run / "metrics.jsonl").read_bytes() == before
+    # a key that would make another run in the same folder is refused, naming it
+    p = assay("train", "--resume", str(run), "optim.lr=0.1", "train.steps=12", check=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "'optim.lr' cannot change" in p.stderr
+    # continuing it with more steps, options in any order: the same 12 steps as the uninterrupted run
+    assay("train", "train.steps=12", "--resume", str(run), "--no-progress", "train.save_every=0")
+    merged = by_step(run)
+    ref = by_step(reference)
+    # the only difference: the short run evaluated at its end (step 7), which the 12-step run did not
+    assert {k: v for k, v in merged[7].items() if not k.startswith("eval/")} == ref[7]
+    assert {s: r for s, r in merged.items() if s != 7} == {s: r for s, r in ref.items() if s != 7}
+    saved = json.loads(json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())))
+    assert saved["optim"]["lr"] == 2e-3 and saved["rollout"]["group_size"] == 3 and saved["train"]["steps"] == 12
+
+
+def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
+    p = assay("train", "--resume", str(tmp_path / "nope"), check=False)
+    assert p.returncode == 2 and "does not exist" in p.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = assay("train", "--resume", str(empty), check=False)
+    assert p.returncode == 2 and "no finished checkpoint" in p.stderr and p.stderr.count("\n") == 1
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train: {steps: 2}\n")
+    p = assay("train", str(cfg), "--resume", str(empty), check=False)
+    assert p.returncode == 2 and "its own config" in p.stderr
+
+
+def test_reward_list_and_score_through_the_command(tmp_path):
+    p = assay("reward", "list")
+    names = {line.split()[0] for line in p.stdout.splitlines() if line.strip()}
+    assert {"math", "arithmetic", "code", "sql", "random", "weighted"} <= names
+    rows = [{"id": "a", "completion": "The answer is \\boxed{4}.", "answer": "4"},
+            {"id": "b", "completion": "\\boxed{5}", "answer": "4"},
+            {"id": "c", "completion": "no answer here", "answer": "4"}]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    assay("reward", "score", "--reward", "math", "--input", str(src), "--output", str(out), "--workers", "1")
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["score"]) for r in scored] == [("a", 1.0), ("b", 0.0), ("c", 0.0)]
+
+
+def complete(ckpt: Path) -> bool:
+    return all((ckpt / f).is_file() for f in ("model.safetensors", "config.json", "trainer_state.pt", "run.json", "tokenizer.json"))
+
+
+@pytest.mark.slow
+def test_random_sigkills_never_lose_duplicate_or_change_anything(tiny_model_dir, tmp_path):
+    """SIGKILL at random moments (generation, rewards, the update, checkpoint and metric writes), resume each time.
+
+    At least 20 kills; after each one every checkpoint folder is complete; at the end the
+    metric rows and the final weights are exactly those of a run that was never killed.
+    """
+    import random
+    import shutil
+
+    args = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "train.steps=16", "train.save_every=1", "train.keep_checkpoints=2",
+            "--no-progress", *RUN, "rollout.prompts_per_step=8", "rollout.group_size=8", "reward_workers=1"]  # a reward worker process too
+    assay("train", "run_name=ref", *args)
+    run, rng, kills, attempts = tmp_path / "victim", random.Random(0), 0, 0
+    while True:
+        attempts += 1
+        assert attempts < 200
+        fresh = not (run / "checkpoints").is_dir() or not any((run / "checkpoints").glob("step_*"))
+        if fresh:
+            shutil.rmtree(run, ignore_errors=True)  # stopped before its first checkpoint: nothing to resume
+        p = start("train", "run_name=victim", *args) if fresh else start("train", "--resume", str(run), "--no-progress")
+        while (line := p.stderr.readline()) and not line.startswith("run folder:"):
+            pass
+        time.sleep(rng.uniform(0.0, 0.4))
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            kills += 1
+            for ckpt in (run / "checkpoints").glob("step_*"):
+                assert complete(ckpt), f"half-written checkpoint {ckpt.name} after kill {kills}"
+            continue
+        out, err = p.communicate()
+        assert p.returncode == 0, err
+        if kills >= 20:
+            break
+        shutil.rmtree(run)  # finished before 20 kills: go again from scratch
+    assert not list((run / "checkpoints").glob(".*")), "leftovers of an interrupted write"
+    same_run(run, tmp_path / "ref")
+
+
+@pytest.mark.slow
+def test_pretrain_rebuilds_the_bundled_model_byte_for_byte(tmp_path):
+    from assay.models import BUNDLED_DIR
+
+    assay("pretrain", "tiny-arith", "--out", str(tmp_path / "m"), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    built = (tmp_path / "m" / "model.safetensors").read_bytes()
+    assert built == (BUNDLED_DIR / "tiny-arith" / "model" / "model.safetensors").read_bytes()

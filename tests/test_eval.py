@@ -1,0 +1,92 @@
+"""Evaluation measures what it says: greedy is the argmax decode, pass@k is a real pass@k,
+and the bundled model scores what its recipe recorded."""
+
+import json
+
+import pytest
+import torch
+
+from assay.data.tasks import make_task
+from assay.eval.policy import evaluate, pass_at_k
+from assay.models import BUNDLED_DIR, load_policy
+from assay.rewards.base import REWARDS
+from assay.rewards.spec import load_builtins
+from assay.rollout.sampler import SamplingParams, TorchSampler
+
+load_builtins()
+RECIPE_TASK = {"terms": 2, "max_value": 99, "ops": "+"}  # recipes/tiny-arith/recipe.yaml
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    model, tok = load_policy("tiny-arith")
+    task = make_task("arithmetic", **RECIPE_TASK)
+    return model, tok, task, REWARDS.get(task.reward)()
+
+
+def argmax_decode(model, tok, prompt: str, max_new: int) -> list[int]:
+    """Greedy decoding written out: the whole sequence through the model at every step, no cache."""
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    out = []
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
+            out.append(int(logits.argmax()))
+            if out[-1] == tok.eos_token_id:
+                break
+    return out
+
+
+def test_greedy_is_deterministic_and_is_the_argmax_decode(bundled):
+    model, tok, task, reward = bundled
+    problems = task.heldout(60)
+    sampler = TorchSampler(model, tok)
+    greedy = SamplingParams(6, temperature=0.0)
+    runs = [sampler.generate(problems, 1, greedy, torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert [t.completion_ids for t in runs[0]] == [t.completion_ids for t in runs[1]]
+    by_hand = [argmax_decode(model, tok, p.prompt, 6) for p in problems]
+    assert [t.completion_ids for t in runs[0]] == by_hand
+    # evaluate() reports the accuracy of exactly these completions
+    want = sum(r.score >= 1.0 for r in reward(runs[0])) / len(problems)
+    assert 0.0 < want < 1.0
+    assert evaluate(sampler, reward, problems, 6).accuracy == want
+
+
+def test_pass_at_k_is_at_least_the_per_sample_accuracy_and_grows_with_k(bundled):
+    model, tok, task, reward = bundled
+    problems = task.heldout(40)
+    sampler = TorchSampler(model, tok)
+    samples = sampler.generate(problems, 8, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
+    correct = [r.score >= 1.0 for r in reward(samples)]
+    per_sample = sum(correct) / len(correct)
+    by_problem = [sum(correct[8 * i : 8 * i + 8]) for i in range(len(problems))]
+    at = {k: sum(pass_at_k(8, c, k) for c in by_problem) / len(problems) for k in (1, 2, 4, 8)}
+    assert at[1] == pytest.approx(per_sample)  # pass@1 is the mean sample accuracy
+    assert at[1] <= at[2] <= at[4] <= at[8]
+    assert at[8] == sum(c > 0 for c in by_problem) / len(problems)  # pass@n: any of the n right
+    r = evaluate(sampler, reward, problems, 6, k=8, seed=0)
+    assert r.pass_at_k >= r.accuracy and r.pass_at_k > per_sample
+
+
+def test_the_bundled_model_scores_what_its_recipe_recorded(bundled):
+    model, tok, task, reward = bundled
+    pinned = json.loads((BUNDLED_DIR / "tiny-arith" / "model" / "eval.json").read_text())
+    r = evaluate(TorchSampler(model, tok), reward, task.heldout(pinned["n"]), 6, k=pinned["k"] if "k" in pinned else 8, seed=pinned["seed"])
+    assert r.accuracy == pytest.approx(pinned["accuracy"], abs=2 / pinned["n"])  # greedy: to a problem or two of rounding
+    assert r.pass_at_k == pytest.approx(pinned["pass@8"], abs=0.01)
+    assert r.mean_length == pytest.approx(pinned["mean_length"], abs=0.01)
+
+
+def test_the_trainers_held_out_accuracy_is_evaluate(bundled, tmp_path):
+    """Row 0 of a run is the untouched model's held-out greedy accuracy, the same figure `evaluate` gives."""
+    from assay.config import load_config
+    from assay.report.metrics import read_metrics
+    from assay.train.rl import Trainer
+
+    model, tok, task, reward = bundled
+    cfg = load_config(None, [f"output_dir={tmp_path}", "run_name=e", "train.steps=1", "train.eval_n=120", "train.eval_every=0",
+                             "train.save_every=0", "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=2",
+                             f"data.task_args={json.dumps(RECIPE_TASK)}"])
+    rows = read_metrics(Trainer(cfg).fit(progress=False).run_dir / "metrics.jsonl")
+    want = evaluate(TorchSampler(model, tok), reward, task.heldout(120), 6).accuracy
+    assert rows[0]["step"] == 0 and rows[0]["eval/accuracy"] == want > 0
