@@ -121,3 +121,25 @@ def test_failure_inside_a_chunk_requeues_the_rest():
     assert rs[10].info["reason"] == "timeout" and rs[10].info["seconds"] <= 0.5 + 1.0
     assert rs[16].info["reason"] == "crashed"
     assert (st["reward/executor/timeouts"], st["reward/executor/crashes"], st["reward/executor/restarts"]) == (1, 1, 2)
+
+
+def test_a_script_without_a_main_guard_can_use_worker_processes(tmp_path):
+    """Notebook-style scripts have no `if __name__ == "__main__":`; worker processes must not re-run them."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "score.py"
+    script.write_text(
+        "from assay.rewards.executor import RewardExecutor\n"
+        "from assay.rewards.math import MathReward\n"
+        "from assay.types import Sample, Trajectory\n"
+        "print('top-level code ran')\n"
+        "batch = [Trajectory(Sample(str(i), '', '4'), '\\\\boxed{4}', [], [], [], True) for i in range(4)]\n"
+        "for method in ('forkserver', 'fork'):\n"
+        "    with RewardExecutor(MathReward(), workers=2, start_method=method) as ex:\n"
+        "        print(method, [r.score for r in ex.score(batch)])\n"
+    )
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("top-level code ran") == 1
+    assert "forkserver [1.0, 1.0, 1.0, 1.0]" in p.stdout and "fork [1.0, 1.0, 1.0, 1.0]" in p.stdout

@@ -31,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import multiprocessing as mp
 import pickle
 import signal
+import sys
 import time
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Iterator
 
 from assay.errors import AssayError
 from assay.rewards.base import Reward, score_safely
@@ -75,7 +77,8 @@ class _Worker:
     def __init__(self, ctx: Any, reward_bytes: bytes) -> None:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, reward_bytes), daemon=True)
-        self.proc.start()
+        with main_script_hidden():
+            self.proc.start()
         child.close()
         self.ready = False
         self.items: collections.deque[int] = collections.deque()
@@ -122,6 +125,33 @@ class _Worker:
             pass
         self.proc.join(0.5)
         self.kill()
+
+
+@contextlib.contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Start processes without re-running the user's script in them.
+
+    "spawn" and "forkserver" children import the parent's `__main__` from its file, which
+    runs a script that has no `if __name__ == "__main__":` guard a second time (and fails
+    with multiprocessing's bootstrapping error). assay's workers never need `__main__`
+    (a reward defined there makes the executor fork instead), so while a child starts, the
+    main module's file is hidden and the child skips that import.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if main is None or (path is None and spec is None):
+        yield
+        return
+    try:
+        if path is not None:
+            del main.__file__
+        main.__spec__ = None
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+        main.__spec__ = spec
 
 
 def _preload(reward: Reward) -> list[str]:
