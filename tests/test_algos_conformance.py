@@ -5,12 +5,14 @@ must pass every check. Losses and aggregations must also bring their closed-form
 `LOSS_GRADS` / `AGG_WEIGHTS`, which the suite compares with autograd.
 """
 
+import inspect
 import math
 
 import pytest
 import torch
 
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, NEEDS, POLICY_LOSSES, aggregate, requirements
+from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, hyperparameters, requirements
+from assay.train.extras import EXTRAS
 
 N_GROUPS, G, T = 4, 4, 7
 B = N_GROUPS * G
@@ -44,18 +46,22 @@ def make_batch(seed: int = 0) -> dict:
         "correct": rewards >= 1.0,
         "logprobs": logprobs,
         "ref_logprobs": logprobs + 0.3 * torch.randn(B, T, generator=g),
+        "kl_coef": 0.05,
     }
+
+
+EXTRA_NAMES = {"values", "greedy_rewards", "components", "step_rewards", "step_ends", "correct", "logprobs", "ref_logprobs", "kl_coef"}
 
 
 def call(name, batch: dict, only_needed: bool = True) -> torch.Tensor:
     """Run estimator `name` (or a function) with the extras it declares (or all of them)."""
     fn = ADVANTAGES.get(name) if isinstance(name, str) else name
-    keys = getattr(fn, "needs", frozenset()) if only_needed else NEEDS
+    keys = getattr(fn, "needs", frozenset()) if only_needed else EXTRA_NAMES
     return fn(batch["rewards"], batch["group"], batch["mask"], **{k: batch[k] for k in keys})
 
 
 def take_rows(batch: dict, idx: torch.Tensor) -> dict:
-    return {k: v[idx] for k, v in batch.items()}
+    return {k: v[idx] if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 ESTIMATORS = ADVANTAGES.names()
@@ -71,7 +77,11 @@ def test_registries_are_populated():
 def test_estimator_contract(name):
     batch = make_batch()
     fn = ADVANTAGES.get(name)
-    assert isinstance(fn.needs, frozenset) and fn.needs <= NEEDS and requirements(name) == fn.needs
+    assert isinstance(fn.needs, frozenset) and requirements(name) == fn.needs
+    assert fn.needs <= set(EXTRAS.names()), f"{name} needs an extra the trainer cannot provide"
+    assert set(EXTRAS.names()) == EXTRA_NAMES  # every extra has test data above
+    # every hyperparameter has a default and a type the config can check
+    assert all(v is not inspect.Parameter.empty for v in hyperparameters(fn, ("rewards", "group", "mask")).values())
     assert isinstance(fn.mixes_groups, bool)
     out = call(name, batch)
     assert out.shape == (B, T) and out.dtype == torch.float32

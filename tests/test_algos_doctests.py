@@ -7,7 +7,7 @@ import pytest
 
 MODULES = [
     "assay.algos.advantages", "assay.algos.credit", "assay.algos.kl", "assay.algos.losses",
-    "assay.algos.correction", "assay.algos.entropy", "assay.data.samplers",
+    "assay.algos.correction", "assay.algos.entropy", "assay.data.selection",
 ]
 
 

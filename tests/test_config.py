@@ -9,9 +9,9 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.train.steps == 7 and cfg.algo.kl_coef == 0.05 and cfg.rollout.group_size == 4
     assert cfg.data.task_args == {"terms": 3}
     assert RunConfig().model.path == "tiny-arith"
-    assert RunConfig().algo.mismatch == "none" and not RunConfig().sampling.dynamic  # new pieces are off by default
-    cfg = load_config(None, ["algo.advantage=gae", "critic.lr=3e-4", "sampling.dynamic=true", "sampling.pool_size=16"])
-    assert cfg.critic.lr == 3e-4 and cfg.sampling.dynamic and cfg.sampling.pool_size == 16
+    assert RunConfig().algo.mismatch == "none" and not RunConfig().selection.dynamic  # new pieces are off by default
+    cfg = load_config(None, ["algo.advantage=gae", "critic.lr=3e-4", "selection.dynamic=true", "selection.pool_size=16"])
+    assert cfg.critic.lr == 3e-4 and cfg.selection.dynamic and cfg.selection.pool_size == 16
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  steps: 3\noptim:\n  lr: 1.0e-3\n")
     cfg = load_config(str(f), ["train.steps=5"])
@@ -33,12 +33,12 @@ def test_defaults_and_overrides(tmp_path):
         ("critic.value_clip=0", "invalid config value critic.value_clip=0"),
         ("critic.lr=-1", "invalid config value critic.lr=-1"),
         ("critic.gamma=1", "unknown config key 'critic.gamma'; allowed here: lr, betas"),
-        ("sampling.prompts=best", "'stream' or 'variance'"),
-        ("sampling.pool_size=4", "invalid config value sampling.pool_size=4: must be at least rollout.prompts_per_step=16"),
-        ("sampling.var_decay=1", "invalid config value sampling.var_decay=1"),
-        ("sampling.retry_frac=2", "invalid config value sampling.retry_frac=2"),
-        ("sampling.max_rounds=0", "invalid config value sampling.max_rounds=0"),
-        ("sampling.dynamc=true", "unknown config key 'sampling.dynamc'"),
+        ("selection.prompts=best", "'stream' or 'variance'"),
+        ("selection.pool_size=4", "invalid config value selection.pool_size=4: must be at least rollout.prompts_per_step=16"),
+        ("selection.var_decay=1", "invalid config value selection.var_decay=1"),
+        ("selection.retry_frac=2", "invalid config value selection.retry_frac=2"),
+        ("selection.max_rounds=0", "invalid config value selection.max_rounds=0"),
+        ("selection.dynamc=true", "unknown config key 'selection.dynamc'"),
     ],
 )
 def test_bad_overrides_name_key_value_and_allowed(override, needle):

@@ -11,7 +11,8 @@ from assay.eval.policy import evaluate, pass_at_k
 from assay.models import BUNDLED_DIR, load_policy
 from assay.rewards.base import REWARDS
 from assay.rewards.spec import load_builtins
-from assay.rollout.sampler import SamplingParams, TorchSampler
+from assay.rollout.base import SamplingParams
+from assay.rollout.torch_sampler import TorchSampler
 
 load_builtins()
 RECIPE_TASK = {"terms": 2, "max_value": 99, "ops": "+"}  # recipes/tiny-arith/recipe.yaml

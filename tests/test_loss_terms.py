@@ -14,7 +14,8 @@ import torch
 from assay.config import AlgoConfig
 from assay.data.tasks import make_task
 from assay.models import build_char_tokenizer, build_tiny_model, quiet_hf
-from assay.rollout.sampler import SamplingParams, TorchSampler
+from assay.rollout.base import SamplingParams
+from assay.rollout.torch_sampler import TorchSampler
 from assay.train import learner
 from assay.types import RewardResult
 

@@ -15,7 +15,8 @@ from assay.data.tasks import make_task
 from assay.models import build_char_tokenizer, quiet_hf
 from assay.llama import supported
 from assay.rollout.decoder import StaticDecoder
-from assay.rollout.sampler import SamplingParams, TorchSampler
+from assay.rollout.base import SamplingParams
+from assay.rollout.torch_sampler import TorchSampler
 from assay.train import learner
 from assay.train.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult

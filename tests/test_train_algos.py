@@ -40,11 +40,11 @@ def first_batch(monkeypatch):
     seen = {}
     real = rl.compute_advantages
 
-    def capture(batch, algo, extras=None):
-        adv = real(batch, algo, extras)
+    def capture(batch, algo, extras=None, args=None):
+        adv = real(batch, algo, extras, args)
         seen.setdefault("batch", batch)
         seen.setdefault("advantages", adv)
-        seen.setdefault("again", lambda: real(batch, algo, extras))
+        seen.setdefault("again", lambda: real(batch, algo, extras))  # the config's own args, bound afresh
         return adv
 
     monkeypatch.setattr(rl, "compute_advantages", capture)
@@ -124,7 +124,7 @@ def test_unknown_names_list_the_known_ones(tiny_model_dir, tmp_path):
 
 def shifted_sampler(monkeypatch, delta):
     """The sampler reports every logprob `delta` higher than it is: ρ = π_trainer/π_sampler = e^{−delta} per token."""
-    from assay.rollout.sampler import TorchSampler
+    from assay.rollout.torch_sampler import TorchSampler
 
     real = TorchSampler.generate
 

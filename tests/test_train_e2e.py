@@ -68,8 +68,8 @@ def test_same_seed_same_metrics(tiny_model_dir, tmp_path):
 #: every piece with state of its own on at once: critic (weights + AdamW), retry buffer, variance
 #: pool, and the stateless ones that consume prompts and RNG (dynamic sampling, gold, TIS)
 STATEFUL = [
-    "algo.advantage=gae", "algo.mismatch=tis", "reward={name: random, args: {p: 0.3}}", "sampling.retry=true",
-    "sampling.retry_frac=0.5", "sampling.prompts=variance", "sampling.dynamic=true", "sampling.inject_gold=true",
+    "algo.advantage=gae", "algo.mismatch=tis", "reward={name: random, args: {p: 0.3}}", "selection.retry=true",
+    "selection.retry_frac=0.5", "selection.prompts=variance", "selection.dynamic=true", "selection.inject_gold=true",
 ]
 
 
@@ -104,10 +104,10 @@ def test_interrupted_run_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, m
     assert_learned(full, tiny_model_dir)
     if extra:  # the pieces really ran, so their state mattered
         rows = steps_of(full).values()
-        assert all({"critic/loss", "mismatch/weight_mean", "sampling/retry_size", "sampling/picked_var", "sampling/rounds", "sampling/gold_injected"} <= r.keys() for r in rows)
-        assert any(r["sampling/retried_frac"] > 0 for r in rows) and any(r["sampling/rounds"] > 1 for r in rows)
+        assert all({"critic/loss", "mismatch/weight_mean", "selection/retry_size", "selection/picked_var", "selection/rounds", "selection/gold_injected"} <= r.keys() for r in rows)
+        assert any(r["selection/retried_frac"] > 0 for r in rows) and any(r["selection/rounds"] > 1 for r in rows)
         documented = set(re.findall(r"`([a-z0-9_]+/[a-z0-9_]+)`", (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()))
-        logged = {k for r in rows for k in r if k.split("/")[0] in ("critic", "mismatch", "sampling", "rollout")}
+        logged = {k for r in rows for k in r if k.split("/")[0] in ("critic", "mismatch", "selection", "rollout")}
         assert logged <= documented, sorted(logged - documented)
 
 

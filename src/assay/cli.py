@@ -54,7 +54,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from assay.eval.policy import evaluate
     from assay.models import load_policy
     from assay.rewards.base import REWARDS
-    from assay.rollout.sampler import TorchSampler
+    from assay.rollout.torch_sampler import TorchSampler
 
     task_args = json.loads(args.task_args) if args.task_args else {}
     task = make_task(args.task, **task_args)

@@ -45,6 +45,9 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
+    backend: str = "torch"
+    """Generation backend: `torch` (in-process sampler over the learner's own model), or a
+    `module:attr` factory (`assay.rollout.base.SAMPLERS`)."""
     prompts_per_step: int = Field(16, ge=1)
     """Prompts sampled per training step."""
     group_size: int = Field(8, ge=1)
@@ -116,8 +119,8 @@ class CriticConfig(Section):
     """PPO value clipping: V may move at most this far from its rollout-time value (null: unclipped)."""
 
 
-class SamplingConfig(Section):
-    """Group sampling (docs/algorithms.md, "Group sampling"): which prompts to roll out, which groups to train on."""
+class SelectionConfig(Section):
+    """Group selection (docs/algorithms.md, "Group selection"): which prompts to roll out, which groups to train on."""
 
     prompts: Literal["stream", "variance"] = "stream"
     """`stream`: the source's seeded order; `variance`: the variance-prioritised sampler over a pool of recent prompts."""
@@ -215,15 +218,25 @@ class RunConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_section_name(cls, data: Any) -> Any:
+        """`sampling:` is the name configs written before 0.2 gave the `selection:` section."""
+        if isinstance(data, dict) and "sampling" in data:
+            if "selection" in data:
+                raise ValueError("invalid config value sampling: give the section once, as selection (sampling is its old name)")
+            data = {("selection" if k == "sampling" else k): v for k, v in data.items()}
+        return data
+
     @model_validator(mode="after")
     def _pool_holds_a_batch(self) -> "RunConfig":
-        pool, n = self.sampling.pool_size, self.rollout.prompts_per_step
+        pool, n = self.selection.pool_size, self.rollout.prompts_per_step
         if pool is not None and pool < n:
-            raise ValueError(f"invalid config value sampling.pool_size={pool!r}: must be at least rollout.prompts_per_step={n}")
+            raise ValueError(f"invalid config value selection.pool_size={pool!r}: must be at least rollout.prompts_per_step={n}")
         return self
 
 

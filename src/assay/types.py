@@ -2,9 +2,8 @@
 
 Each arrow in the design's data-flow diagram is one of these: prompts become
 `Sample`s, the rollout turns them into `Trajectory`s, rewards return one
-`RewardResult` per trajectory, and the trainer works on `Group`s. Nothing here
-imports torch: token ids and logprobs are plain lists so the types pickle cheaply
-into reward worker processes.
+`RewardResult` per trajectory. Nothing here imports torch: token ids and logprobs
+are plain lists so the types pickle cheaply into reward worker processes.
 """
 
 from __future__ import annotations
@@ -32,16 +31,27 @@ class Sample:
 
 @dataclass
 class Trajectory:
-    """One sampled completion of a prompt, with the sampler's own numbers.
+    """One sampled completion of a prompt: exactly the tokens the model saw and produced.
+
+    `prompt_ids + completion_ids` is the whole token sequence, never re-tokenised. In a
+    single-turn rollout every completion token was sampled; in a multi-turn episode the
+    completion also holds what an environment or tool said between the model's turns, and
+    `loss_mask` is 0 on those tokens so they never enter the loss.
 
     Attributes:
         sample: the prompt it answers.
         completion: decoded completion text (special tokens removed).
         prompt_ids: prompt token ids `[P]`.
-        completion_ids: generated token ids `[T]`, including a final EOS when one was sampled.
-        logprobs: the sampler's logprob of each generated token `[T]`.
-        finished: True when the sampler stopped on EOS rather than on the length limit.
+        completion_ids: every token after the prompt `[T]`, including a final EOS when one was sampled.
+        logprobs: the sampler's logprob of each completion token under the sampling
+            temperature `[T]` (0.0 on tokens the model did not sample).
+        finished: True when generation stopped on EOS (or the episode ended) rather than on a length limit.
         group: index of the group (prompt) within the batch.
+        loss_mask: 1 on tokens the model sampled, 0 on tokens it was shown `[T]`; None: all sampled.
+        turns: `(start, end)` token spans of the model's turns in `completion_ids`; None: one turn.
+        version: the policy version (optimizer steps taken) of the weights that sampled it.
+        finish_reason: why generation stopped: `stop` (EOS), `length` (token limit) or a
+            backend's or environment's own reason; by default derived from `finished`.
     """
 
     sample: Sample
@@ -51,6 +61,19 @@ class Trajectory:
     logprobs: list[float]
     finished: bool
     group: int = 0
+    loss_mask: list[int] | None = None
+    turns: list[tuple[int, int]] | None = None
+    version: int = 0
+    finish_reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.finish_reason:
+            self.finish_reason = "stop" if self.finished else "length"
+
+    @property
+    def sampled_tokens(self) -> int:
+        """How many completion tokens the model itself sampled (the rest it was shown)."""
+        return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
 
 @dataclass
@@ -78,16 +101,3 @@ class RewardResult:
     def failed(cls, error: str, score: float | None = 0.0, **info: Any) -> "RewardResult":
         """A result for a reward that could not run on this sample."""
         return cls(score=score, info=dict(info), error=error)
-
-
-@dataclass
-class Group:
-    """The G trajectories sampled for one prompt, with their rewards."""
-
-    sample: Sample
-    trajectories: list[Trajectory]
-    results: list[RewardResult]
-
-    @property
-    def scores(self) -> list[float | None]:
-        return [r.score for r in self.results]

@@ -8,9 +8,13 @@ Every estimator has the same signature, so the trainer never special-cases a nam
   never mix groups. Those that normalise over the whole batch say so with
   `fn.mixes_groups = True`.
 - `mask` is the loss mask; padding always gets advantage 0.
-- `**extras` carries whatever else the trainer can supply. An estimator takes the extras
-  it needs by name, declares them in `fn.needs` (a frozenset drawn from `NEEDS`), and
-  ignores the rest. `requirements(name)` reads the declaration back.
+- An estimator that needs more than these takes each *extra* as a keyword argument and
+  declares their names with `@declare(needs=...)` (`fn.needs`; `requirements(name)`
+  reads it back). The trainer produces each extra with the provider registered under its
+  name (`assay.train.extras.EXTRAS`: values, reference logprobs, greedy-rollout rewards,
+  step rewards, ...), and passes exactly the declared ones. Every other keyword
+  parameter is a hyperparameter, set from `algo.advantage_args` and checked against the
+  signature (`assay.algos.args`).
 
 Estimators are called under `torch.no_grad()` semantics: extras such as `logprobs` or
 `values` must be detached by the caller. Token-level and step-level estimators (GAE,
@@ -28,29 +32,14 @@ from assay.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 
-#: What the trainer can supply to an estimator beyond `(rewards, group, mask)`.
-NEEDS: frozenset[str] = frozenset({
-    "values",          # [B, T] critic values (detached)
-    "greedy_rewards",  # [B] reward of a greedy rollout of the same prompt
-    "components",      # [B, K] named reward components, NaN where unscored
-    "step_rewards",    # [B, S] per-step rewards, NaN-padded
-    "step_ends",       # [B, S] token index (into T) where each step ends, -1 padded
-    "correct",         # [B] bool outcome
-    "logprobs",        # [B, T] sampling policy's logprobs (detached)
-    "ref_logprobs",    # [B, T] reference policy's logprobs
-})
-
-
 def declare(needs: Iterable[str] = (), mixes_groups: bool = False) -> Callable:
     """Decorator that records what an estimator needs from the trainer.
 
-    Sets `fn.needs` (frozenset of names from `NEEDS`) and `fn.mixes_groups` (True when
-    the estimator normalises across groups, e.g. over the whole batch).
+    Sets `fn.needs` (a frozenset of extra names, each produced by the provider of that
+    name in `assay.train.extras.EXTRAS`) and `fn.mixes_groups` (True when the estimator
+    normalises across groups, e.g. over the whole batch).
     """
     needs = frozenset(needs)
-    unknown = needs - NEEDS
-    if unknown:
-        raise ValueError(f"unknown needs {sorted(unknown)}; known: {sorted(NEEDS)}")
 
     def deco(fn: Callable) -> Callable:
         fn.needs = needs
@@ -61,7 +50,7 @@ def declare(needs: Iterable[str] = (), mixes_groups: bool = False) -> Callable:
 
 
 def requirements(name: str, registry: Registry | None = None) -> frozenset[str]:
-    """The extras (from `NEEDS`) that the plugin called `name` needs the trainer to pass.
+    """The extras that the plugin called `name` declares it needs the trainer to pass.
 
     Works for any registry (default: advantage estimators) and for `module:attr` plugins,
     which need nothing unless they set a `needs` attribute.
@@ -255,7 +244,8 @@ def gdpo(
     components separately keeps reward combinations apart that GRPO on the summed reward
     collapses to one advantage. Liu et al., "GDPO: Group reward-Decoupled Normalization
     Policy Optimization for Multi-reward RL Optimization" (2026), arXiv:2601.05242; the
-    multi-reward setting of seed-methods 001 L18 (MARBLE) and 003 L27.
+    multi-reward setting of MARBLE (Multi-Aspect Reward BaLancE) and SMOPD
+    (Specialize-and-Merge Online Policy Distillation), which uses GDPO as its baseline.
 
     Args:
         components: `[B, K]`, NaN where a component is unscored (it then adds 0).
@@ -335,8 +325,8 @@ def tailrl(
     group estimate p̂(τ) = (1/G) Σ_j 1{r_j ≥ τ}, A_i = E_τ[1{r_i ≥ τ} / p̂(τ)] − E_τ[1{p̂(τ) > 0}]
     (thresholds no response reaches count 0). For τ between the (k+1)-th and k-th best
     reward only the top k count, each with weight G/k, so the best response gets the most.
-    TailRL (Tail-Likelihood RL), seed-methods 003 L21; the estimator is the derivation in
-    003 §3 A1. `low`/`high` default to each group's min and max reward, giving A = 0 for a
+    TailRL (Tail-Likelihood RL): maximise log P(R ≥ τ) for a random threshold τ; the
+    estimator is its gradient written per group. `low`/`high` default to each group's min and max reward, giving A = 0 for a
     group whose rewards are all equal. Not normalised: |A| ≤ G − 1.
     """
     adv = torch.zeros_like(rewards, dtype=torch.float64)
@@ -369,8 +359,8 @@ def papo(
 
     A_i = (r_i − mean_g r) / (std_g r + eps) + 1{i correct} · (p_i − mean_{g,correct} p) /
     (std_{g,correct} p + eps). The process reward p only separates correct answers, so it
-    cannot pay an incorrect but verbose response. PAPO (Process-Aware Policy Optimization),
-    seed-methods 004 L93 (formula in 004 §3 item 2; incorrect responses get A_proc = 0).
+    cannot pay an incorrect but verbose response. PAPO (Process-Aware Policy Optimization):
+    A = A_out + A_proc, with A_proc normalised among correct responses only (incorrect ones get 0).
 
     Args:
         correct: `[B]` bool outcome.

@@ -130,7 +130,7 @@ def evpo(
 
     EV = 1 − Var(R − V)/Var(R) on this batch (R = GAE returns). If EV > threshold (0):
     A = GAE_γλ(r, V); otherwise A_i = r_i − mean_batch(r). EVPO (Explained Variance Policy
-    Optimization), seed-methods 001 L45 (steps in 001 §3 item 1). Log the gate with
+    Optimization), which reads baseline choice as a Kalman gain between PPO and GRPO. Log the gate with
     `explained_variance(values, returns, mask)`.
     """
     adv, returns = compute_gae(rewards, values, mask, gamma, lam)
@@ -163,7 +163,7 @@ def pure(
     b_i is the leave-one-out group mean of the trajectory values V_{·,1}; token t of step s
     gets V_{i,s} − b_i, plus `outcome_coef` × the RLOO advantage of the outcome reward.
     PURE, Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process Reward
-    Model Needs for Reasoning" (2025), arXiv:2504.15275; seed-methods 002a L87 (the
+    Model Needs for Reasoning" (2025), arXiv:2504.15275 (the
     baseline is our choice, following the paper's use of RLOO).
     """
     v = _suffix_min(step_rewards.to(rewards.dtype))  # [B, S]
@@ -205,7 +205,7 @@ def grpo_process(
 
 
 @ADVANTAGES.register("frpo")
-@declare(needs={"logprobs", "ref_logprobs"})
+@declare(needs={"logprobs", "ref_logprobs", "kl_coef"})
 def frpo(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor, kl_coef: float = 0.01, eps: float = 1e-6, **_,
@@ -215,11 +215,11 @@ def frpo(
     A_{i,t} = (r_i − mean_g r)/(std_g r + eps) − β Σ_{k ≥ t} (log π(y_k) − log π_ref(y_k)).
     The KL is kept out of the reward because group normalisation is non-linear in it.
     Use it instead of a loss-side KL term (set that coefficient to 0). FRPO (Future-KL
-    Regularized Policy Optimization), seed-methods 004 L2 (steps in 004 §3 item 1).
+    Regularized Policy Optimization): reverse-KL regularisation as a return-to-go added after normalisation.
 
     Args:
         logprobs, ref_logprobs: `[B, T]` detached logprobs of the sampling and reference policies.
-        kl_coef: β.
+        kl_coef: β, the run's `algo.kl_coef` (which also loads the reference model).
     """
     adv = grpo(rewards, group, mask, eps=eps)
     correction = future_kl(logprobs, ref_logprobs, mask).to(adv.dtype)

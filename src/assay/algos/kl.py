@@ -49,7 +49,7 @@ def kl_reward_penalty(
 def future_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The future KL of each token: Σ_{k ≥ t} (log π(y_k) − log π_ref(y_k)) over response tokens.
 
-    The causal KL return-to-go of FRPO (seed-methods 004 L2): subtract `β ×` it from
+    The causal KL return-to-go of FRPO (Future-KL Regularized Policy Optimization): subtract `β ×` it from
     the normalised advantage (estimator `frpo` does). Detached; padding gets 0.
 
     Args:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import comb
+from typing import Callable
 
 import torch
 
-from assay.rewards.base import Reward
-from assay.rollout.sampler import SamplingParams, TorchSampler
-from assay.types import Sample
+from assay.rollout.base import Sampler, SamplingParams
+from assay.types import RewardResult, Sample, Trajectory
+
+#: anything that scores a batch: a `Reward`, or a run's `TrainingRewards.scorer(training=False)`
+Score = Callable[[list[Trajectory]], list[RewardResult]]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -37,17 +40,21 @@ class EvalResult:
         return {"n": self.n, "accuracy": self.accuracy, f"pass@{self.k}": self.pass_at_k, "mean_length": self.mean_length, "unscored": self.unscored}
 
 
-def _correct(reward: Reward, trajs) -> list[float | None]:
-    return [r.score for r in reward(trajs)]
+def _correct(score: Score, trajs) -> list[float | None]:
+    return [r.score for r in score(trajs)]
 
 
-def evaluate(sampler: TorchSampler, reward: Reward, problems: list[Sample], max_new_tokens: int, k: int = 0,
+def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tokens: int, k: int = 0,
              batch_size: int = 256, seed: int = 0, temperature: float = 1.0) -> EvalResult:
-    """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k at `temperature`."""
+    """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k at `temperature`.
+
+    `sampler` is any backend (`assay.rollout.base.Sampler`); `score` any function from
+    trajectories to results (a reward, or a run's non-training scorer).
+    """
     greedy, lengths, unscored = [], [], 0
     for i in range(0, len(problems), batch_size):
         trajs = sampler.generate(problems[i : i + batch_size], 1, SamplingParams(max_new_tokens, temperature=0.0))
-        for t, s in zip(trajs, _correct(reward, trajs)):
+        for t, s in zip(trajs, _correct(score, trajs)):
             lengths.append(len(t.completion_ids))
             if s is None:
                 unscored += 1
@@ -61,7 +68,7 @@ def evaluate(sampler: TorchSampler, reward: Reward, problems: list[Sample], max_
         for i in range(0, len(problems), step):
             chunk = problems[i : i + step]
             trajs = sampler.generate(chunk, k, SamplingParams(max_new_tokens, temperature=temperature), gen)
-            scores = _correct(reward, trajs)
+            scores = _correct(score, trajs)
             for j in range(len(chunk)):
                 group = scores[j * k : (j + 1) * k]
                 if any(s is None for s in group):

@@ -36,7 +36,7 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     from assay.data.tasks import make_task
     from assay.eval.policy import evaluate
     from assay.rewards.base import REWARDS
-    from assay.rollout.sampler import TorchSampler
+    from assay.rollout.torch_sampler import TorchSampler
     from assay.train.sft import SFTConfig, noisy_answers, sft
 
     quiet_hf()

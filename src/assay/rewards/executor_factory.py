@@ -9,22 +9,30 @@ from assay.rewards.spec import build_reward
 
 
 class TrainingRewards:
-    """Scores trajectories with the run's reward and reports reward-health metrics."""
+    """Scores trajectories with the run's reward and reports reward-health metrics.
+
+    Every caller says whether its trajectories count toward the training metrics: the
+    step's rollouts do (`training=True`); held-out evaluation and the references that
+    ground-truth injection checks do not. `scorer(training)` is the same as a plain
+    `trajectories -> results` function, for code that takes one (`assay.eval.policy.evaluate`).
+    """
 
     def __init__(self, reward, workers: int, timeout: float):
         self.executor = RewardExecutor(reward, workers=workers, timeout=timeout)
         self._pending: dict[str, float] = {}
 
-    def score(self, batch):
-        """Score training rollouts; counted in the next `health()`."""
-        return self.executor.score(batch)
-
-    def __call__(self, batch):
-        """Score evaluation rollouts; not counted in the training metrics."""
+    def score(self, batch, *, training: bool):
+        """One result per trajectory; with `training`, counted in the next `health()`."""
+        if training:
+            return self.executor.score(batch)
         self._pending = _merge(self._pending, self.executor.stats())
         results = self.executor.score(batch)
-        self.executor.stats()  # drop the evaluation's counts
+        self.executor.stats()  # drop these counts
         return results
+
+    def scorer(self, training: bool):
+        """`score` as a function of the trajectories alone."""
+        return lambda batch: self.score(batch, training=training)
 
     def health(self, results, trajs) -> dict[str, float]:
         """`reward_health` of one step plus the executor's failure counts."""

@@ -4,7 +4,7 @@
 docs/rewards.md). The control rewards `random` and `format_only` carry no information
 about correctness: if a run trained on them gains as much as the real one, the gains do
 not come from the signal (the spurious-rewards study, Shao et al., 2025, "Spurious
-Rewards: Rethinking Training Signals in RLVR", arXiv:2506.10947; seed-methods 000 L34).
+Rewards: Rethinking Training Signals in RLVR", arXiv:2506.10947).
 
     >>> from assay.types import RewardResult
     >>> m = reward_health([RewardResult(1.0), RewardResult(1.0), RewardResult(0.0), RewardResult(None)], [0, 0, 1, 1], [3, 5, 9, 2])

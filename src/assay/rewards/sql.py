@@ -5,7 +5,7 @@ and `gold_sql`. Both queries run in a memory-limited worker process on a read-on
 connection (`mode=ro` and `PRAGMA query_only`) with an authorizer that allows only reads
 (no writes, DDL, ATTACH, PRAGMA, transactions or `load_extension`), one statement only, a
 progress-handler deadline, `setlimit` caps, a row cap and a byte cap. The worker itself is
-killed if it does not answer within 1.5 × the deadline (research/verifiers.md §4).
+killed if it does not answer within 1.5 × the deadline.
 
 Comparison modes (`compare`):
     test_suite     the default: the multiset of rows must match, in order only when the

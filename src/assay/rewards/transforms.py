@@ -158,7 +158,7 @@ class StepClip(_StepTransform):
     """r'_t = min(r_t − eta, 0): the Clipping refinement, so Σ_t r'_t ≤ 0 and repeating steps never pays.
 
     Gao et al., 2024, "On Designing Effective RL Reward at Training Time for LLM
-    Reasoning" (arXiv:2410.15115), seed-methods 002b L113.
+    Reasoning" (arXiv:2410.15115), its Clipping and Delta refinements.
     """
 
     def __init__(self, eta: float = 0.0):
@@ -173,7 +173,7 @@ class StepDelta(_StepTransform):
     """r'_t = r_t − r_{t+1} (t < T), r'_T = r_T: the Delta refinement; every return-to-go Σ_{k≥t} r'_k = r_t is bounded.
 
     Gao et al., 2024, "On Designing Effective RL Reward at Training Time for LLM
-    Reasoning" (arXiv:2410.15115), seed-methods 002b L113.
+    Reasoning" (arXiv:2410.15115), its Clipping and Delta refinements.
     """
 
     def rewrite(self, steps: list[float]) -> list[float]:
@@ -315,7 +315,7 @@ class Pessimistic(_Composite):
 
     Between the mean (β → ∞) and the minimum (β → 0). From the closed-form effective
     reward r̃ = ±β·log E_p[exp(±r/β)] of KL-regularised RLHF under a reward
-    distribution (seed-methods 003 L31; distributional RM / KL-DRO view that unifies mean,
+    distribution (the distributional reward-model / KL-DRO view of RLHF that unifies mean,
     worst-case and uncertainty-weighted ensemble rules).
     """
 
@@ -337,8 +337,8 @@ class Gate(Reward):
     """r = r_outcome + weight · r_process · 1[r_outcome ≥ threshold]: process/bonus only on success.
 
     Gating a learned process reward on the verified outcome keeps a policy from farming
-    step rewards on wrong answers (Gao et al., 2024, arXiv:2410.15115, seed-methods
-    002b L113). Steps of the process reward are kept when the gate is open, zeroed when shut.
+    step rewards on wrong answers (Gao et al., 2024, "On Designing Effective RL Reward at
+    Training Time for LLM Reasoning", arXiv:2410.15115). Steps of the process reward are kept when the gate is open, zeroed when shut.
     """
 
     reward_args = ("outcome", "process")
@@ -406,7 +406,7 @@ class Par(Reward):
     """r_RL = (1/M) Σ_m σ(r(x, y) − r(x, y_ref_m)): Preference as Reward.
 
     Fu et al., 2025, "Reward Shaping to Mitigate Reward Hacking in RLHF"
-    (arXiv:2502.18770; seed-methods 002a L30): the RL reward should be bounded, rise fast
+    (arXiv:2502.18770), Preference As Reward (PAR): the RL reward should be bounded, rise fast
     then converge, and be a function of the reward centred on a reference. References are
     the dataset field `reference_field` (a string or a list of strings), scored with the
     same reward (cached per prompt); or precomputed scores in `reference_score_field`.

@@ -1,9 +1,9 @@
-"""Group sampling in the loop: which prompts a step rolls out, and which groups it trains on.
+"""Group selection in the loop: which prompts a step rolls out, and which groups it trains on.
 
-The pieces themselves are in `assay.data.samplers` (pure, no model, no reward); this file
+The pieces themselves are in `assay.data.selection` (pure, no model, no reward); this file
 connects them to the prompt source, the policy and the reward executor:
 
-- `PromptPicker` chooses a step's prompts. Up to `sampling.retry_frac` of them come from
+- `PromptPicker` chooses a step's prompts. Up to `selection.retry_frac` of them come from
   the retry buffer; the rest come from the source in its seeded order (`stream`), or the
   variance-prioritised sampler draws them from a pool of recent prompts (`variance`).
   After scoring, `observe` tells both what each prompt's group scored.
@@ -20,9 +20,9 @@ import random
 from collections import OrderedDict
 from typing import Callable
 
-from assay.config import SamplingConfig
+from assay.config import SelectionConfig
 from assay.data.datasets import PromptSource
-from assay.data.samplers import RetryBuffer, VariancePrioritisedSampler, inject_ground_truth, scored_rewards
+from assay.data.selection import RetryBuffer, VariancePriority, inject_ground_truth, scored_rewards
 from assay.types import RewardResult, Sample, Trajectory
 
 Item = tuple[Trajectory, RewardResult]
@@ -60,18 +60,18 @@ class PromptPicker:
 
     Args:
         source: the run's `PromptSource` (fresh prompts, in its seeded order).
-        cfg: the `sampling` section.
+        cfg: the `selection` section.
         batch: `rollout.prompts_per_step` (sets the default pool size, 4 × batch).
         seed: seeds the picker's own `random.Random` (saved in checkpoints).
     """
 
-    def __init__(self, source: PromptSource, cfg: SamplingConfig, batch: int, seed: int):
+    def __init__(self, source: PromptSource, cfg: SelectionConfig, batch: int, seed: int):
         self.source, self.cfg = source, cfg
-        self.rng = random.Random(f"sampling:{seed}")
+        self.rng = random.Random(f"sampling:{seed}")  # the seed string of older releases: same draws
         self.retry = RetryBuffer(cfg.retry_capacity, cfg.retry_max, cfg.success) if cfg.retry else None
         self.variance = None
         if cfg.prompts == "variance":
-            self.variance = VariancePrioritisedSampler(cfg.var_prior, cfg.var_decay, cfg.var_floor, cfg.var_temperature)
+            self.variance = VariancePriority(cfg.var_prior, cfg.var_decay, cfg.var_floor, cfg.var_temperature)
         self.pool_size = cfg.pool_size or 4 * batch
         self._pool: OrderedDict[str, Sample] = OrderedDict()  # recent prompts, oldest first (`variance`)
         self._waiting: dict[str, Sample] = {}  # the prompts the retry buffer holds
@@ -122,15 +122,15 @@ class PromptPicker:
             self._waiting = {i: s for i, s in self._waiting.items() if i in self.retry}
 
     def metrics(self) -> dict[str, float]:
-        """This step's `sampling/` figures; resets the step's counters."""
+        """This step's `selection/` figures; resets the step's counters."""
         out: dict[str, float] = {}
         if self.retry is not None:
-            out["sampling/retry_size"] = float(len(self.retry))
-            out["sampling/retried_frac"] = self._retried / self._n if self._n else 0.0
-            out["sampling/retry_solved_frac"] = self._retry_solved / self._retried if self._retried else math.nan
+            out["selection/retry_size"] = float(len(self.retry))
+            out["selection/retried_frac"] = self._retried / self._n if self._n else 0.0
+            out["selection/retry_solved_frac"] = self._retry_solved / self._retried if self._retried else math.nan
         if self.variance is not None:
             out.update(self.variance.metrics())
-            out["sampling/picked_var"] = sum(self._picked_var) / len(self._picked_var) if self._picked_var else math.nan
+            out["selection/picked_var"] = sum(self._picked_var) / len(self._picked_var) if self._picked_var else math.nan
         self._reset_counts()
         return out
 
@@ -200,4 +200,4 @@ class GoldInjector:
                 ref.logprobs = lp
                 groups[i], _, ok = inject_ground_truth(groups[i], scores(groups[i]), (ref, res), gold_reward=res.score, success=self.success)
                 injected += ok
-        return groups, {"sampling/gold_injected": float(injected), "sampling/gold_rejected": float(rejected)}
+        return groups, {"selection/gold_injected": float(injected), "selection/gold_rejected": float(rejected)}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, requirements
+from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, bind_args, requirements
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
@@ -26,7 +26,7 @@ class Batch:
     input_ids: torch.Tensor  # [B, P+T]
     attention_mask: torch.Tensor  # [B, P+T]
     position_ids: torch.Tensor  # [B, P+T]
-    mask: torch.Tensor  # [B, T] 1 on completion tokens
+    mask: torch.Tensor  # [B, T] the loss mask: 1 on completion tokens the model sampled
     old_logprobs: torch.Tensor  # [B, T] the sampler's logprobs
     rewards: torch.Tensor  # [B] NaN where unscored
     group: torch.Tensor  # [B]
@@ -37,31 +37,41 @@ class Batch:
     def response_len(self) -> int:
         return self.mask.shape[1]
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """`[B]` completion tokens per row, sampled or shown (the loss mask may have holes; this counts them)."""
+        return self.attention_mask[:, -self.response_len :].sum(-1)
+
     def select(self, idx: torch.Tensor) -> "Batch":
         return Batch(*(None if (v := getattr(self, f)) is None else v[idx] for f in self.__dataclass_fields__))
 
 
 def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, device: torch.device) -> Batch:
-    """Pack trajectories and their rewards into one `Batch`."""
+    """Pack trajectories and their rewards into one `Batch`: exactly their token ids, left-padded prompts.
+
+    The loss mask is each trajectory's `loss_mask` (0 on tokens the model was shown rather
+    than sampled) over its completion, 0 on padding; a single-turn trajectory's is all ones.
+    """
     B = len(trajs)
     P = max(len(t.prompt_ids) for t in trajs)
     T = max(1, max(len(t.completion_ids) for t in trajs))
     # rows built as Python lists and converted once: one tensor per row costs more than the rest of the step at small shapes
-    ids, attn, old = [], [], []
+    ids, attn, old, loss = [], [], [], []
     for t in trajs:
         p, c = len(t.prompt_ids), len(t.completion_ids)
         ids.append([pad_id] * (P - p) + list(t.prompt_ids) + list(t.completion_ids) + [pad_id] * (T - c))
         attn.append([0] * (P - p) + [1] * (p + c) + [0] * (T - c))
         old.append(list(t.logprobs) + [0.0] * (T - c))
+        loss.append(([1] * c if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask]) + [0] * (T - c))
     ids_t, attn_t = torch.tensor(ids, dtype=torch.long), torch.tensor(attn, dtype=torch.long)
-    mask = attn_t[:, P:].float()
+    mask = torch.tensor(loss, dtype=torch.float32)
     pos = (attn_t.cumsum(-1) - 1).clamp(min=0)
     rewards = torch.tensor([float("nan") if r.score is None else float(r.score) for r in results])
     group = torch.tensor([t.group for t in trajs], dtype=torch.long)
     names = sorted({k for r in results for k in r.components})
     comps = torch.tensor([[float(r.components.get(k, float("nan"))) for k in names] for r in results]).reshape(B, len(names))
-    return Batch(ids_t.to(device), attn_t.to(device), pos.to(device), mask.to(device), torch.tensor(old, dtype=torch.float32).to(device),
-                 rewards, group, comps)
+    old_t = torch.tensor(old, dtype=torch.float32) * mask  # logprobs only where the model sampled
+    return Batch(ids_t.to(device), attn_t.to(device), pos.to(device), mask.to(device), old_t.to(device), rewards, group, comps)
 
 
 def _fused_head(model) -> torch.Tensor | None:
@@ -120,6 +130,11 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
     return lp, ent
 
 
+def kl_in_loss(algo: AlgoConfig, ref_model) -> bool:
+    """Whether the KL to the reference is a loss term: yes, unless the estimator takes it through the advantages (FRPO)."""
+    return ref_model is not None and algo.kl_coef > 0 and "ref_logprobs" not in requirements(algo.advantage)
+
+
 def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
                 fast: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar loss of one minibatch and its metrics (backward is the caller's).
@@ -135,7 +150,7 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     if batch.is_weights is not None:  # rollout/trainer mismatch correction: weights the policy term only
         loss_mat = loss_mat * batch.is_weights
     out = {f"actor/{k}": v for k, v in metrics.items()}
-    if ref_model is not None and algo.kl_coef > 0 and "ref_logprobs" not in requirements(algo.advantage):
+    if kl_in_loss(algo, ref_model):
         with torch.no_grad():
             ref_lp, _ = token_logprobs(ref_model, batch, temperature, fast=fast)
         kl = KL_ESTIMATORS.get(algo.kl_estimator)(logprobs, ref_lp)  # [B, T]
@@ -162,7 +177,7 @@ def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
     P = batch.input_ids.shape[1] - T
     prompt_cols = batch.attention_mask[:, :P].any(0).nonzero()
     start = int(prompt_cols[0]) if prompt_cols.numel() else P
-    lengths = batch.mask.sum(-1)
+    lengths = batch.lengths
     t = max(1, int(lengths.max())) if lengths.numel() else 1
     if start == 0 and t == T:
         return batch, advantages
@@ -196,7 +211,7 @@ def pack_rows(batch: Batch, budget: int) -> list[torch.Tensor]:
     """
     T = batch.response_len
     prompt_len = batch.attention_mask[:, : batch.input_ids.shape[1] - T].sum(-1).tolist()
-    comp_len = batch.mask.sum(-1).long().tolist()
+    comp_len = batch.lengths.long().tolist()
     order = sorted(range(len(comp_len)), key=lambda i: comp_len[i])
     groups: list[list[int]] = [[]]
     width_p = width_c = 0
@@ -221,7 +236,7 @@ def skips_inert_rows(algo: AlgoConfig, ref_model=None) -> bool:
     """
     if not getattr(POLICY_LOSSES.get(algo.loss), "zero_at_zero_advantage", False) or algo.entropy_coef > 0:
         return False
-    if ref_model is not None and algo.kl_coef > 0 and "ref_logprobs" not in requirements(algo.advantage):
+    if kl_in_loss(algo, ref_model):
         return False
     return getattr(AGGREGATIONS.get(algo.aggregation), "unit", None) is not None
 
@@ -307,37 +322,38 @@ def step_tensors(trajs: list[Trajectory], results: list[RewardResult], tokenizer
     return rewards, ends
 
 
-#: what the trainer can hand to an estimator, by the names estimators declare in `fn.needs`
-SUPPLIED = {
-    "components": lambda b, x: b.components,
-    "correct": lambda b, x: torch.nan_to_num(b.rewards, nan=0.0) >= 1.0,
-    "logprobs": lambda b, x: b.old_logprobs.cpu(),
-    "ref_logprobs": lambda b, x: x["ref_logprobs"].cpu(),
-    "greedy_rewards": lambda b, x: x["greedy_rewards"],
-    "values": lambda b, x: x["values"].cpu(),
-    "step_rewards": lambda b, x: x["step_rewards"],
-    "step_ends": lambda b, x: x["step_ends"],
-}
+#: parameters of an estimator that the trainer fills itself (not hyperparameters)
+ESTIMATOR_DATA = ("rewards", "group", "mask")
+#: parameters of a policy loss that the trainer fills itself (the clips come from algo.clip_low/high)
+LOSS_DATA = ("logprobs", "old_logprobs", "advantages", "mask", "clip_low", "clip_high")
 
 
-def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """Advantages `[B, T]` from the estimator named in the config, given the extras it declares.
+def estimator_args(algo: AlgoConfig) -> dict:
+    """`algo.advantage_args`, checked against the estimator's signature (one line for a bad one)."""
+    return bind_args(ADVANTAGES.get(algo.advantage), algo.advantage_args, ESTIMATOR_DATA, "algo.advantage_args")
 
-    `extras` holds what the loop computed for this step (reference logprobs, greedy-rollout
-    rewards, step rewards, critic values); an estimator whose needs cannot be met is refused
-    in one line.
+
+def loss_args(algo: AlgoConfig) -> dict:
+    """`algo.loss_args`, checked against the loss's signature (one line for a bad one)."""
+    return bind_args(POLICY_LOSSES.get(algo.loss), algo.loss_args, LOSS_DATA, "algo.loss_args")
+
+
+def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict | None = None, args: dict | None = None) -> torch.Tensor:
+    """Advantages `[B, T]` from the estimator named in the config, given exactly the extras it declares.
+
+    `extras` holds this step's values of the extras (`assay.train.extras`); an estimator
+    whose needs are not all there is refused in one line. `args` are the bound
+    hyperparameters (`estimator_args`; bound here when not given).
     """
     extras = extras or {}
     fn = ADVANTAGES.get(algo.advantage)
     needs = requirements(algo.advantage)
-    derived = {"components", "correct", "logprobs"}
-    missing = sorted(n for n in needs if n not in derived and n not in extras)
+    missing = sorted(n for n in needs if n not in extras)
     if missing:
-        hint = {"ref_logprobs": " (set algo.kl_coef > 0 to load a reference model)", "values": " (the Trainer builds a critic for it; called directly, pass extras={\"values\": V})"}
-        raise AssayError(f"algo.advantage={algo.advantage!r} needs {', '.join(missing)}, which this run does not supply" + "".join(hint.get(m, "") for m in missing))
-    if "components" in needs and batch.components.shape[1] == 0:
-        raise AssayError(f"algo.advantage={algo.advantage!r} needs named reward components; use a composed reward block (docs/rewards.md)")
-    kw = {n: SUPPLIED[n](batch, extras) for n in needs}
-    if "kl_coef" not in algo.advantage_args and "ref_logprobs" in needs:
-        kw["kl_coef"] = algo.kl_coef
-    return fn(batch.rewards, batch.group, batch.mask.cpu(), **kw, **algo.advantage_args).to(batch.mask.device)
+        from assay.train.extras import EXTRAS
+
+        docs = "; ".join(f"{n}: {EXTRAS.get(n).doc}" for n in missing if n in EXTRAS)
+        raise AssayError(f"algo.advantage={algo.advantage!r} needs {', '.join(missing)}, which this run does not supply" + (f" ({docs})" if docs else ""))
+    kw = {n: extras[n].cpu() if torch.is_tensor(extras[n]) else extras[n] for n in needs}
+    args = estimator_args(algo) if args is None else args
+    return fn(batch.rewards, batch.group, batch.mask.cpu(), **kw, **args).to(batch.mask.device)

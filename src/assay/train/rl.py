@@ -1,8 +1,8 @@
 """The RL loop: sample → score → advantages → policy update → metrics, checkpoint.
 
-Reads top to bottom. Every decision (which estimator, loss, aggregation, reward) is
-a plugin looked up by name; this file only moves data between them. Left out on
-purpose: asynchronous rollouts, multi-turn environments, distributed learners.
+Reads top to bottom. Every decision (which generation backend, estimator, extra, loss,
+aggregation, reward) is a plugin looked up by name; this file only moves data between
+them. Left out on purpose: asynchronous rollouts, multi-turn environments, distributed learners.
 """
 
 from __future__ import annotations
@@ -27,17 +27,23 @@ from assay.models import load_policy
 from assay.report.metrics import JsonlSink
 from assay.report.run_report import write_report
 from assay.rewards.executor_factory import make_executor
-from assay.rollout.sampler import SamplingParams, TorchSampler
+from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
 from assay.train.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
-from assay.data.samplers import DynamicSampler, scored_rewards
-from assay.train.critic import Critic
+from assay.data.selection import DynamicFilter, scored_rewards
+from assay.train.extras import StepData, build_extras
 from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
-from assay.train.learner import accumulate_step, activation_bytes_per_token, collate, compute_advantages, step_tensors, token_logprobs
+from assay.train.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
+                                 token_logprobs)
 from assay.train.interrupt import Preempted, StopSignals
 from assay.train.progress import RunProgress
 from assay.train.runs import RUN_FILE, check_same_run, check_writable, new_run_dir, read_record, run_record, write_config
+
+
+def _stem(extra: str) -> str:
+    """The checkpoint file stem of an extra's weights (the critic keeps its old name)."""
+    return "critic" if extra == "values" else f"extra-{extra}"
 
 
 @dataclass
@@ -70,11 +76,14 @@ def _recent_reward(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def check_plugins(cfg: RunConfig) -> None:
-    """Fail fast, before any folder is made, on a misspelled algorithm name."""
+    """Fail fast, before any folder is made, on a misspelled plugin name or hyperparameter."""
+    check_backend(cfg.rollout.backend)
     ADVANTAGES.get(cfg.algo.advantage)
     POLICY_LOSSES.get(cfg.algo.loss)
     AGGREGATIONS.get(cfg.algo.aggregation)
     KL_ESTIMATORS.get(cfg.algo.kl_estimator)
+    estimator_args(cfg.algo)
+    loss_args(cfg.algo)
 
 
 class Trainer:
@@ -92,18 +101,19 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
-        self.picker = PromptPicker(self.source, cfg.sampling, cfg.rollout.prompts_per_step, cfg.seed)
-        self.gold = GoldInjector(self.tokenizer, cfg.sampling.gold_field, cfg.sampling.success) if cfg.sampling.inject_gold else None
-        self.critic = Critic(self.model, cfg.critic, cfg.seed) if "values" in requirements(cfg.algo.advantage) else None
+        self.picker = PromptPicker(self.source, cfg.selection, cfg.rollout.prompts_per_step, cfg.seed)
+        self.gold = GoldInjector(self.tokenizer, cfg.selection.gold_field, cfg.selection.success) if cfg.selection.inject_gold else None
+        self.adv_args = estimator_args(cfg.algo)
+        self.extras = build_extras(self, requirements(cfg.algo.advantage), cfg.algo.advantage)  # the critic too, when `values` is needed
         self.executor = make_executor(cfg, self.source.reward)
         if resume and run_dir is None:
             raise AssayError("--resume needs the run folder to continue")
         self.run_dir = Path(run_dir) if resume else new_run_dir(cfg, run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.sampler = TorchSampler(self.model, self.tokenizer, self.device)
+        self.sampler = make_sampler(cfg.rollout.backend, self.model, self.tokenizer, cfg.rollout, self.device)
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
         self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
-        self.sampling = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
+        self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
                                      fused=cfg.optim.fused and self.device.type in ("cpu", "cuda"))
@@ -126,12 +136,12 @@ class Trainer:
         return {
             "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "data": self.source.state_dict(), "rng": rng_state(self.generator), "config": self.cfg.model_dump(mode="json"),
-            "sampling": self.picker.state_dict(), "critic_optimizer": self.critic.opt.state_dict() if self.critic else None,
+            "selection": self.picker.state_dict(), "extras": {n: e.state_dict() for n, e in self.extras.items()},
         }
 
     def save(self) -> Path:
         """A checkpoint of the current (finished) step; the oldest beyond `train.keep_checkpoints` go."""
-        tensors = {"critic": self.critic.tensors()} if self.critic else None
+        tensors = {_stem(n): t for n, e in self.extras.items() if (t := e.tensors()) is not None}
         record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
         self.sink.sync()
         folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
@@ -156,21 +166,22 @@ class Trainer:
         state = load_state(ckpt)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
-        self._restore({"data": state["data"], "sampling": state.get("sampling"), "rng": state["rng"]})
-        if self.critic is not None:
-            if state.get("critic_optimizer") is None or not (ckpt / "critic.safetensors").is_file():
-                raise AssayError(f"--resume: {ckpt} has no critic; algo.advantage={self.cfg.algo.advantage!r} needs one (resume with the run's own config)")
-            self.critic.load(load_tensors(ckpt, "critic"), state["critic_optimizer"])
+        self._restore({"data": state["data"], "selection": state.get("selection", state.get("sampling")), "rng": state["rng"]})
+        saved = state.get("extras") or {"values": state.get("critic_optimizer")}  # checkpoints before extras had names
+        for name, extra in self.extras.items():
+            weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
+            extra.load(weights, saved.get(name))
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
+        self.sampler.update_weights(self.model, self.step)
 
     def _snapshot(self) -> dict[str, Any]:
         """What generating a step's rollouts changes (data position, group samplers, RNG), to put back on an interrupt."""
-        return {"data": self.source.state_dict(), "sampling": copy.deepcopy(self.picker.state_dict()), "rng": rng_state(self.generator)}
+        return {"data": self.source.state_dict(), "selection": copy.deepcopy(self.picker.state_dict()), "rng": rng_state(self.generator)}
 
     def _restore(self, snap: dict[str, Any]) -> None:
         self.source.load_state_dict(snap["data"])
-        if snap["sampling"] is not None:  # absent from checkpoints written before group sampling existed
-            self.picker.load_state_dict(copy.deepcopy(snap["sampling"]))
+        if snap["selection"] is not None:  # absent from checkpoints written before group selection existed
+            self.picker.load_state_dict(copy.deepcopy(snap["selection"]))
         set_rng_state(snap["rng"], self.generator)
 
     # -- one step ----------------------------------------------------------------------
@@ -190,16 +201,17 @@ class Trainer:
         trajs, results, metrics, t0 = rollout
         t_rew = time.perf_counter()
         prompts = list({t.group: t.sample for t in trajs}.values())  # one per group, in group order
-        batch = collate(trajs, results, self.sampler.pad_id, self.device)
+        batch = collate(trajs, results, pad_id(self.tokenizer), self.device)
         if cfg.algo.mismatch != "none":
             batch, mismatch = self._correct_mismatch(batch)
             metrics.update(mismatch)
-        extras = self._extras(prompts, trajs, results, batch)
-        advantages = compute_advantages(batch, cfg.algo, extras)  # [B, T]
+        step = StepData(batch, trajs, results, prompts)
+        extras = {name: extra(step) for name, extra in self.extras.items()}  # what the estimator declared it needs
+        advantages = compute_advantages(batch, cfg.algo, extras, self.adv_args)  # [B, T]
         metrics.update(self._update(batch, advantages))
-        if self.critic is not None:  # after the policy, on the values its advantages used
-            gae = {k: cfg.algo.advantage_args.get(k, 1.0) for k in ("gamma", "lam")}  # compute_gae's defaults
-            metrics.update(self.critic.update(batch, extras["values"], **gae, epochs=cfg.algo.epochs, minibatches=cfg.algo.minibatches))
+        self.sampler.update_weights(self.model, self.step + 1)
+        for name, extra in self.extras.items():  # after the policy: the critic fits the returns its values gave
+            metrics.update(extra.after_update(step, extras[name]))
         t_end = time.perf_counter()
         metrics.update({
             "perf/step_s": t_end - t0, "perf/update_s": t_end - t_rew,
@@ -212,19 +224,19 @@ class Trainer:
         """Generate and score until the step's groups are chosen (one round, or DAPO's rounds).
 
         Prompts come from the picker; every round's groups are reported to it, then get
-        the reference solution where all failed (`sampling.inject_gold`), then pass DAPO's
-        filter (`sampling.dynamic`). Rollout and reward metrics cover every generated
+        the reference solution where all failed (`selection.inject_gold`), then pass DAPO's
+        filter (`selection.dynamic`). Rollout and reward metrics cover every generated
         completion; if no round kept a group, the last round is trained on as it is.
         """
         cfg, n = self.cfg, self.cfg.rollout.prompts_per_step
-        dynamic = DynamicSampler(n, cfg.sampling.max_rounds) if cfg.sampling.dynamic else None
+        dynamic = DynamicFilter(n, cfg.selection.max_rounds) if cfg.selection.dynamic else None
         every: tuple[list, list] = ([], [])
-        summed = {"perf/generate_s": 0.0, "perf/reward_s": 0.0, "sampling/gold_injected": 0.0, "sampling/gold_rejected": 0.0}  # over rounds
+        summed = {"perf/generate_s": 0.0, "perf/reward_s": 0.0, "selection/gold_injected": 0.0, "selection/gold_rejected": 0.0}  # over rounds
         while True:
             t0 = time.perf_counter()
-            trajs = self.sampler.generate(self.picker.next(n), cfg.rollout.group_size, self.sampling, self.generator)
+            trajs = self.sampler.generate(self.picker.next(n), cfg.rollout.group_size, self.params, self.generator)
             t1 = time.perf_counter()
-            results = self.executor.score(trajs)
+            results = self.executor.score(trajs, training=True)
             summed["perf/generate_s"] += t1 - t0
             summed["perf/reward_s"] += time.perf_counter() - t1
             for t in trajs:  # group ids unique over the step's rounds, for the reward-health metrics
@@ -234,7 +246,7 @@ class Trainer:
             groups = split_groups(trajs, results)
             self.picker.observe(groups)
             if self.gold is not None:
-                groups, counts = self.gold(groups, self.executor, self._logprobs_of)
+                groups, counts = self.gold(groups, self.executor.scorer(training=False), self._logprobs_of)
                 summed.update({k: summed[k] + v for k, v in counts.items()})
             if dynamic is None:
                 break
@@ -266,26 +278,10 @@ class Trainer:
 
     def _logprobs_of(self, trajs, results) -> list[list[float]]:
         """The trainer's logprobs of completions no sampler drew (injected reference solutions)."""
-        batch = collate(trajs, results, self.sampler.pad_id, self.device)
+        batch = collate(trajs, results, pad_id(self.tokenizer), self.device)
         with torch.no_grad():
             lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)
         return [lp[i, : len(t.completion_ids)].tolist() for i, t in enumerate(trajs)]
-
-    def _extras(self, prompts, trajs, results, batch) -> dict[str, torch.Tensor]:
-        """What the selected estimator declares it needs beyond rewards and groups."""
-        needs, extras = requirements(self.cfg.algo.advantage), {}
-        if "ref_logprobs" in needs and self.ref is not None:
-            with torch.no_grad():
-                extras["ref_logprobs"], _ = token_logprobs(self.ref, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)
-        if "greedy_rewards" in needs:  # ReMax: one greedy rollout per prompt, scored like the rest
-            greedy = self.sampler.generate(prompts, 1, SamplingParams(self.cfg.rollout.max_new_tokens, temperature=0.0))
-            greedy_scores = torch.tensor([float("nan") if r.score is None else r.score for r in self.executor.score(greedy)])
-            extras["greedy_rewards"] = greedy_scores[batch.group]
-        if needs & {"step_rewards", "step_ends"}:
-            extras["step_rewards"], extras["step_ends"] = step_tensors(trajs, results, self.tokenizer)
-        if "values" in needs:
-            extras["values"] = self.critic.values(batch)  # [B, T]
-        return extras
 
     def _update(self, batch, advantages) -> dict[str, float]:
         cfg = self.cfg
@@ -309,7 +305,7 @@ class Trainer:
         """Held-out greedy accuracy and length (nothing when the run has no held-out data)."""
         if not self.source.heldout:
             return {}
-        r = evaluate(self.sampler, self.executor, self.source.heldout, self.cfg.rollout.max_new_tokens)
+        r = evaluate(self.sampler, self.executor.scorer(training=False), self.source.heldout, self.cfg.rollout.max_new_tokens)
         return {"eval/accuracy": r.accuracy, "eval/mean_length": r.mean_length}
 
     # -- the loop ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The in-process torch sampler: batched generation with a KV cache.
+"""The in-process torch sampler (`rollout.backend=torch`): batched generation with a KV cache.
 
 Each prompt is prefilled once and its cache is shared by its G completions; finished
 sequences leave the batch, so late steps only pay for sequences still running. The
@@ -14,28 +14,12 @@ which one a model gets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from assay.llama import supported
+from assay.rollout.base import SAMPLERS, SamplingParams, pad_id
 from assay.rollout.decoder import StaticDecoder, hf_prefill
 from assay.types import Sample, Trajectory
-
-
-@dataclass
-class SamplingParams:
-    """How to sample.
-
-    Attributes:
-        max_new_tokens: length limit of a completion, in tokens (EOS included).
-        temperature: logits are divided by this before sampling; 0 means greedy.
-        top_p: nucleus sampling threshold (1.0 keeps the whole distribution).
-    """
-
-    max_new_tokens: int = 8
-    temperature: float = 1.0
-    top_p: float = 1.0
 
 
 def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +75,11 @@ class _HFStepper:
 
 
 class TorchSampler:
-    """Generates completions with a Hugging Face causal LM in this process.
+    """Generates completions with a Hugging Face causal LM in this process (the `Sampler` interface).
+
+    It shares the learner's model object, so a weight update is seen at once:
+    `update_weights` only records the new policy version (and takes a different model
+    object when given one); `sleep`, `wake` and `close` have nothing to release.
 
     Args:
         model, tokenizer: the policy and its tokenizer (left padding is applied here).
@@ -105,8 +93,23 @@ class TorchSampler:
     def __init__(self, model, tokenizer, device: str | torch.device = "cpu", fast: bool = True, compact_frac: float = 0.25):
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.pad_id = pad_id(tokenizer)
         self.fast, self.compact_frac = fast, compact_frac
+        self.version = 0
+
+    def update_weights(self, model, version: int) -> None:
+        """The learner updated `model` in place (the same object this sampler holds): record the version."""
+        self.model = model
+        self.version = version
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     @property
     def path(self) -> str:
@@ -167,5 +170,11 @@ class TorchSampler:
             g, k = row // n, lengths_l[row]
             ids_row = tokens_l[row][:k]
             text = self.tokenizer.decode(ids_row, skip_special_tokens=True)
-            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs_l[row][:k], finished[row], group=g))
+            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs_l[row][:k], finished[row], group=g, version=self.version))
         return trajs
+
+
+@SAMPLERS.register("torch")
+def torch_sampler(model, tokenizer, rollout=None, device="cpu") -> TorchSampler:
+    """The in-process sampler over the learner's own model."""
+    return TorchSampler(model, tokenizer, device)

@@ -1,4 +1,4 @@
-"""Group sampling: DAPO dynamic sampling, ground-truth injection, retry buffer, variance priority."""
+"""Group selection: DAPO dynamic sampling, ground-truth injection, retry buffer, variance priority."""
 
 import json
 import math
@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from assay.data.samplers import (
-    DynamicSampler, RetryBuffer, VariancePrioritisedSampler, filter_groups, inject_ground_truth,
+from assay.data.selection import (
+    DynamicFilter, RetryBuffer, VariancePriority, filter_groups, inject_ground_truth,
 )
 
 
@@ -22,33 +22,33 @@ def test_filter_groups():
 
 
 def test_dynamic_sampler_fills_the_batch_over_rounds():
-    s = DynamicSampler(target_groups=3, max_rounds=5)
+    s = DynamicFilter(target_groups=3, max_rounds=5)
     assert s.add([["a"] * 2, ["b"] * 2], [[1, 1], [1, 0]]) == 1  # "a" all solved
     assert not s.done
     assert s.add([["c"] * 2, ["d"] * 2, ["e"] * 2], [[0, 0.5], [0, 0], [1, 0]]) == 2
     assert s.ready and s.done
-    assert s.metrics() == {"sampling/rounds": 2.0, "sampling/kept_frac": 3 / 5, "sampling/filled": 1.0}
+    assert s.metrics() == {"selection/rounds": 2.0, "selection/kept_frac": 3 / 5, "selection/filled": 1.0}
     groups, rewards = s.take()
     assert [g[0] for g in groups] == ["b", "c", "e"] and rewards[1] == [0, 0.5]
     assert s.rounds == 0 and not s.done  # reset for the next batch
 
 
 def test_dynamic_sampler_bounds_extra_generation():
-    s = DynamicSampler(target_groups=4, max_rounds=2)
+    s = DynamicFilter(target_groups=4, max_rounds=2)
     s.add([["a"]], [[1, 0]])
     s.add([["b"]], [[0, 0]])
     assert s.exhausted and s.done and not s.ready  # two rounds used up: train on what there is
-    assert s.metrics()["sampling/filled"] == 0.25
+    assert s.metrics()["selection/filled"] == 0.25
     groups, _ = s.take()
     assert groups == [["a"]]
     # surplus groups beyond the target are dropped
-    s = DynamicSampler(target_groups=1)
+    s = DynamicFilter(target_groups=1)
     s.add([["x"], ["y"]], [[1, 0], [0, 1]])
     assert s.take()[0] == [["x"]]
     with pytest.raises(ValueError):
         s.add([["x"]], [])
     with pytest.raises(ValueError):
-        DynamicSampler(target_groups=0)
+        DynamicFilter(target_groups=0)
 
 
 def test_inject_ground_truth():
@@ -102,7 +102,7 @@ def test_retry_buffer_capacity_and_state():
 
 
 def test_variance_sampler_estimates():
-    s = VariancePrioritisedSampler(decay=0.5)
+    s = VariancePriority(decay=0.5)
     s.update("p", [1, 0, 1, 0])  # population variance .25
     assert s.variance("p") == pytest.approx(0.25)
     s.update("p", [1, 1, 1, 1])  # EMA: .5 · .25 + .5 · 0
@@ -110,11 +110,11 @@ def test_variance_sampler_estimates():
     s.update("p", [1, None])  # fewer than two scored: ignored
     assert s.variance("p") == pytest.approx(0.125)
     assert s.variance("unseen") == 0.25 and s.priority("unseen") == pytest.approx(0.26)
-    assert s.metrics() == {"sampling/var_mean": pytest.approx(0.125), "sampling/prompts_seen": 1.0}
+    assert s.metrics() == {"selection/var_mean": pytest.approx(0.125), "selection/prompts_seen": 1.0}
 
 
 def test_variance_sampler_prefers_informative_prompts():
-    s = VariancePrioritisedSampler(floor=0.01)
+    s = VariancePriority(floor=0.01)
     for i in range(10):
         s.update(f"flat{i}", [1, 1, 1, 1])  # priority .01
     s.update("edge", [1, 0, 1, 0])  # priority .26
@@ -127,9 +127,9 @@ def test_variance_sampler_prefers_informative_prompts():
 
 
 def test_variance_sampler_state_roundtrip():
-    s = VariancePrioritisedSampler()
+    s = VariancePriority()
     s.update("p", [0, 1])
-    t = VariancePrioritisedSampler()
+    t = VariancePriority()
     t.load_state_dict(json.loads(json.dumps(s.state_dict())))
     assert t.variance("p") == s.variance("p")
     assert t.sample(["p", "q", "r"], 2, random.Random(3)) == s.sample(["p", "q", "r"], 2, random.Random(3))

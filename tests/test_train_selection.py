@@ -1,10 +1,10 @@
-"""Group sampling through the trainer: each piece selected from the config trains and logs its metrics."""
+"""Group selection through the trainer: each piece selected from the config trains and logs its metrics."""
 
 import random
 
 import pytest
 
-from assay.config import SamplingConfig
+from assay.config import SelectionConfig
 from assay.train.groups import PromptPicker
 from assay.train.rl import Trainer
 from assay.types import RewardResult, Sample, Trajectory
@@ -42,55 +42,55 @@ def groups_of(rows):
 
 
 def test_dynamic_sampling_trains_only_informative_groups(tiny_model_dir, tmp_path, monkeypatch):
-    rows, seen = run(tiny_model_dir, tmp_path, "dyn", "sampling.dynamic=true", "sampling.max_rounds=4",
+    rows, seen = run(tiny_model_dir, tmp_path, "dyn", "selection.dynamic=true", "selection.max_rounds=4",
                      "reward={name: random, args: {p: 0.2}}", monkeypatch=monkeypatch)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r, batch in zip(rows, seen):
-        assert {"sampling/rounds", "sampling/kept_frac", "sampling/filled"} <= r.keys()
+        assert {"selection/rounds", "selection/kept_frac", "selection/filled"} <= r.keys()
         groups = groups_of(batch)
-        assert len(groups) <= 3 and r["sampling/filled"] == pytest.approx(len(groups) / 3)
+        assert len(groups) <= 3 and r["selection/filled"] == pytest.approx(len(groups) / 3)
         assert all(len({x for _, x, _ in g}) == 2 for g in groups)  # every trained group has both rewards
         # every round generated 3 prompts × 4 completions of at least one token
-        assert r["rollout/tokens"] >= 3 * 4 * r["sampling/rounds"]
+        assert r["rollout/tokens"] >= 3 * 4 * r["selection/rounds"]
     # p = 0.2 over 4 completions leaves 41% of the groups all-fail: refilling took extra rounds
-    assert max(r["sampling/rounds"] for r in rows) > 1 and min(r["sampling/kept_frac"] for r in rows) < 1
+    assert max(r["selection/rounds"] for r in rows) > 1 and min(r["selection/kept_frac"] for r in rows) < 1
 
 
 def test_gold_injection_puts_the_verified_answer_into_all_fail_groups(tiny_model_dir, tmp_path, monkeypatch):
-    rows, seen = run(tiny_model_dir, tmp_path, "gold", "sampling.inject_gold=true", "reward=arithmetic", monkeypatch=monkeypatch)
+    rows, seen = run(tiny_model_dir, tmp_path, "gold", "selection.inject_gold=true", "reward=arithmetic", monkeypatch=monkeypatch)
     for r, batch in zip(rows, seen):
         # the random tiny model never solves arithmetic: all 3 groups fail, each gets its reference
-        assert r["train/accuracy"] == 0.0 and r["sampling/gold_injected"] == 3.0 and r["sampling/gold_rejected"] == 0.0
+        assert r["train/accuracy"] == 0.0 and r["selection/gold_injected"] == 3.0 and r["selection/gold_rejected"] == 0.0
         for g in groups_of(batch):
             assert len(g) == 4 and sorted(x for _, x, _ in g) == [0.0, 0.0, 0.0, 1.0]
         assert r["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # the gold's π_old is the trainer's own
         assert r["actor/grad_norm"] > 0  # GRPO now has a signal: the gold gets A = +1.5, the rest −0.5
     # a reference the reward does not accept is not injected
-    rows, _ = run(tiny_model_dir, tmp_path, "nogold", "sampling.inject_gold=true", "sampling.gold_field=ops", "reward=arithmetic", monkeypatch=monkeypatch)
-    assert all(r["sampling/gold_injected"] == 0.0 and r["sampling/gold_rejected"] == 3.0 for r in rows)
+    rows, _ = run(tiny_model_dir, tmp_path, "nogold", "selection.inject_gold=true", "selection.gold_field=ops", "reward=arithmetic", monkeypatch=monkeypatch)
+    assert all(r["selection/gold_injected"] == 0.0 and r["selection/gold_rejected"] == 3.0 for r in rows)
 
 
 def test_retry_buffer_brings_back_unsolved_prompts(tiny_model_dir, tmp_path, monkeypatch):
-    rows, seen = run(tiny_model_dir, tmp_path, "retry", "sampling.retry=true", "sampling.retry_frac=0.5", "sampling.retry_max=3", "reward=arithmetic",
+    rows, seen = run(tiny_model_dir, tmp_path, "retry", "selection.retry=true", "selection.retry_frac=0.5", "selection.retry_max=3", "reward=arithmetic",
                      monkeypatch=monkeypatch)
     # every group fails: step 1 fills the buffer with 3 prompts; steps 2 and 3 retry round(0.5 · 3) = 2 of them
     # (which fail again and go back) and add 1 fresh failure each
-    assert [r["sampling/retry_size"] for r in rows] == [3.0, 4.0, 5.0]
-    assert [r["sampling/retried_frac"] for r in rows] == [0.0, pytest.approx(2 / 3), pytest.approx(2 / 3)]
-    assert rows[0]["sampling/retry_solved_frac"] is None and rows[1]["sampling/retry_solved_frac"] == 0.0
+    assert [r["selection/retry_size"] for r in rows] == [3.0, 4.0, 5.0]
+    assert [r["selection/retried_frac"] for r in rows] == [0.0, pytest.approx(2 / 3), pytest.approx(2 / 3)]
+    assert rows[0]["selection/retry_solved_frac"] is None and rows[1]["selection/retry_solved_frac"] == 0.0
     ids = [{pid for *_, pid in batch} for batch in seen]
     assert len(ids[1] & ids[0]) == 2 and len(ids[2] & (ids[0] | ids[1])) == 2
 
 
 def test_variance_prioritised_prompts_train_and_log(tiny_model_dir, tmp_path, monkeypatch):
-    rows, seen = run(tiny_model_dir, tmp_path, "var", "sampling.prompts=variance", "sampling.pool_size=6",
+    rows, seen = run(tiny_model_dir, tmp_path, "var", "selection.prompts=variance", "selection.pool_size=6",
                      "reward={name: random, args: {p: 0.5}}", monkeypatch=monkeypatch)
     distinct = set()
     for r, batch in zip(rows, seen):
         distinct |= {pid for *_, pid in batch}
-        assert r["sampling/prompts_seen"] == len(distinct)  # one estimate per prompt rolled out
-        assert 0.0 <= r["sampling/var_mean"] <= 0.25 and 0.0 <= r["sampling/picked_var"] <= 0.25
-    assert rows[0]["sampling/picked_var"] == 0.25  # step 1: every candidate is new, at the prior
+        assert r["selection/prompts_seen"] == len(distinct)  # one estimate per prompt rolled out
+        assert 0.0 <= r["selection/var_mean"] <= 0.25 and 0.0 <= r["selection/picked_var"] <= 0.25
+    assert rows[0]["selection/picked_var"] == 0.25  # step 1: every candidate is new, at the prior
 
 
 class Stream:
@@ -112,7 +112,7 @@ def group(sample, rewards):
 
 def test_variance_picker_prefers_prompts_that_vary():
     """Priority (v̂ + floor)^4: 0.26⁴ ≈ 5e-3 against 0.01⁴ = 1e-8 makes the choice all but certain."""
-    picker = PromptPicker(Stream(), SamplingConfig(prompts="variance", pool_size=8, var_temperature=4.0), batch=2, seed=0)
+    picker = PromptPicker(Stream(), SelectionConfig(prompts="variance", pool_size=8, var_temperature=4.0), batch=2, seed=0)
     first = picker.next(8)  # the pool is p0..p7, all new
     assert sorted(s.id for s in first) == sorted(f"p{i}" for i in range(8))
     picker.observe([group(s, [1, 0, 1, 0] if s.id == "p7" else [1, 1, 1, 1]) for s in first])
@@ -122,11 +122,11 @@ def test_variance_picker_prefers_prompts_that_vary():
         assert len(picked) == 2 and not {s.id for s in picked} & flat
         picker.observe([group(s, [1, 1, 1, 1]) for s in picked if s.id != "p7"])
         flat |= {s.id for s in picked if s.id != "p7"}
-    assert picker.metrics()["sampling/prompts_seen"] == len(flat) + 1
+    assert picker.metrics()["selection/prompts_seen"] == len(flat) + 1
 
 
 def test_picker_state_round_trips():
-    c = SamplingConfig(prompts="variance", retry=True, retry_frac=0.5)
+    c = SelectionConfig(prompts="variance", retry=True, retry_frac=0.5)
     a, b = PromptPicker(Stream(), c, 4, seed=0), PromptPicker(Stream(), c, 4, seed=0)
     for _ in range(3):
         picked = a.next(4)

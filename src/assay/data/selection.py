@@ -1,4 +1,4 @@
-"""Group sampling: which prompts to roll out, and which sampled groups to train on.
+"""Group selection: which prompts to roll out, and which sampled groups to train on.
 
 Nothing here generates or scores; the trainer does both and calls these pieces. Rewards
 are per-sample floats with `None` or NaN for "could not be scored", which never counts
@@ -8,7 +8,7 @@ Interface:
 
 - `filter_groups(rewards [B], group [B]) -> keep [B] bool`: DAPO's test; a group is kept
   when its scored rewards are not all equal (it has a learning signal).
-- `DynamicSampler(target_groups, max_rounds)`: DAPO dynamic sampling. Per generation
+- `DynamicFilter(target_groups, max_rounds)`: DAPO dynamic sampling. Per generation
   round call `add(groups, rewards)` (lists per group); loop `while not sampler.done`;
   then `take() -> (groups, rewards)`, at most `target_groups` informative groups. At
   most `max_rounds` rounds are generated per batch (the bound on extra generation); if
@@ -19,11 +19,11 @@ Interface:
   sample has no sampler logprobs: the trainer computes its old logprobs itself.
 - `RetryBuffer`: `update(prompt_id, rewards)` after scoring a group; `sample(n, rng)`
   returns up to n unsolved prompts to roll out again (mix them into the next batch).
-- `VariancePrioritisedSampler`: `update(prompt_id, rewards)` after scoring;
+- `VariancePriority`: `update(prompt_id, rewards)` after scoring;
   `sample(candidates, n, rng)` picks n of the candidate prompt ids, weighted by their
   learned within-prompt reward variance.
 
-`RetryBuffer` and `VariancePrioritisedSampler` have `state_dict()` / `load_state_dict()`
+`RetryBuffer` and `VariancePriority` have `state_dict()` / `load_state_dict()`
 (plain, JSON-able dicts) so a resumed run samples as the uninterrupted one would.
 `rng` is a `random.Random`.
 """
@@ -75,10 +75,10 @@ def filter_groups(rewards: torch.Tensor | Sequence[Reward], group: torch.Tensor 
     return torch.nan_to_num(spread, nan=0.0, neginf=0.0) > tol
 
 
-class DynamicSampler(Generic[T]):
+class DynamicFilter(Generic[T]):
     """DAPO dynamic sampling: keep informative groups over rounds until the batch is full.
 
-    >>> s = DynamicSampler(target_groups=1, max_rounds=2)
+    >>> s = DynamicFilter(target_groups=1, max_rounds=2)
     >>> s.add([["a", "b"], ["c", "d"]], [[1, 1], [1, 0]])
     1
     >>> s.done, s.take()
@@ -127,11 +127,11 @@ class DynamicSampler(Generic[T]):
         return self.ready or self.exhausted
 
     def metrics(self) -> dict[str, float]:
-        """`sampling/rounds`, `sampling/kept_frac` (informative share of generated groups), `sampling/filled` (batch fill, ≤ 1)."""
+        """`selection/rounds`, `selection/kept_frac` (informative share of generated groups), `selection/filled` (batch fill, ≤ 1)."""
         return {
-            "sampling/rounds": float(self.rounds),
-            "sampling/kept_frac": len(self._groups) / self.seen if self.seen else 0.0,
-            "sampling/filled": min(1.0, len(self._groups) / self.target_groups),
+            "selection/rounds": float(self.rounds),
+            "selection/kept_frac": len(self._groups) / self.seen if self.seen else 0.0,
+            "selection/filled": min(1.0, len(self._groups) / self.target_groups),
         }
 
     def take(self) -> tuple[list[list[T]], list[list[Reward]]]:
@@ -150,7 +150,7 @@ def inject_ground_truth(
 ) -> tuple[list[T], list[Reward], bool]:
     """If every scored sample of a group failed, put the reference solution into the group.
 
-    Conditional ground-truth injection from S-GRPO (seed-methods 001 L57): with all G
+    Conditional ground-truth injection (CGI) from S-GRPO (Supervised GRPO): with all G
     rollouts failing, the group-relative advantage is 0 everywhere; with the verified
     reference solution in the group at the maximal reward, its advantage is positive and
     the update contains an advantage-weighted SFT term on it.
@@ -247,17 +247,17 @@ class RetryBuffer:
         self._out = {k: int(v) for k, v in state["out"]}
 
 
-class VariancePrioritisedSampler:
+class VariancePriority:
     """Prefer prompts whose rewards vary within a group, learned from each prompt's history.
 
     A group whose rewards are all equal gives no group-relative gradient; within-prompt
-    reward variance measures how informative a prompt is (METIS, seed-methods 001 L1, which
+    reward variance measures how informative a prompt is (METIS, METAcognitive Internalized Self-judgment, which
     has the policy predict it; here it is an exponential moving average of the observed
     population variance, so no model call is needed). Priority = (v̂ + floor)^temperature,
     with v̂ = `prior` for prompts never seen (0.25, the largest variance of a 0/1 reward,
     so new prompts are tried first). Sampling is weighted and without replacement.
 
-    >>> s = VariancePrioritisedSampler()
+    >>> s = VariancePriority()
     >>> s.update("easy", [1, 1, 1, 1]); s.update("edge", [1, 0, 1, 0])
     >>> round(s.variance("easy"), 3), round(s.variance("edge"), 3), s.variance("new")
     (0.0, 0.25, 0.25)
@@ -299,9 +299,9 @@ class VariancePrioritisedSampler:
         return [c for _, c in keyed[:n]]
 
     def metrics(self) -> dict[str, float]:
-        """`sampling/var_mean` over seen prompts and `sampling/prompts_seen`."""
+        """`selection/var_mean` over seen prompts and `selection/prompts_seen`."""
         v = list(self._var.values())
-        return {"sampling/var_mean": sum(v) / len(v) if v else 0.0, "sampling/prompts_seen": float(len(v))}
+        return {"selection/var_mean": sum(v) / len(v) if v else 0.0, "selection/prompts_seen": float(len(v))}
 
     def state_dict(self) -> dict:
         return {"var": list(self._var.items()), "count": list(self._count.items())}

@@ -1,0 +1,230 @@
+"""Extras: what an advantage estimator can ask the trainer for, one provider per name.
+
+An estimator declares the extras it needs by name (`@declare(needs={"values"})`); the
+trainer builds the provider registered under each name once per run and calls it every
+step, passing exactly the declared extras to the estimator. A provider may hold state (the
+critic behind `values`), train it after the policy update (`after_update`) and save it in
+checkpoints (`tensors`, `state_dict`, `load`).
+
+Adding an estimator that needs something new touches two places, the estimator and one
+provider (in assay or in the user's own module, registered when it is imported; select
+the estimator with `algo.advantage=my_module:shorter_prompts_first`):
+
+    @EXTRAS.register("prompt_len")
+    class PromptLength(Extra):
+        doc = "[B] prompt length in tokens"
+
+        def __call__(self, step):
+            return torch.tensor([len(t.prompt_ids) for t in step.trajs], dtype=torch.float32)
+
+    @declare(needs={"prompt_len"})
+    def shorter_prompts_first(rewards, group, mask, prompt_len, scale: float = 0.01):
+        return grpo(rewards - scale * prompt_len, group, mask)
+
+`tests/test_extras.py` runs this example through the trainer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from assay.algos import compute_gae, hyperparameters
+from assay.errors import AssayError
+from assay.registry import Registry
+from assay.types import RewardResult, Sample, Trajectory
+
+
+@dataclass
+class StepData:
+    """What one training step hands to the providers."""
+
+    batch: Any  # assay.train.learner.Batch
+    trajs: list[Trajectory]
+    results: list[RewardResult]
+    prompts: list[Sample]  # one per group, in group order
+    cache: dict[str, Any] = field(default_factory=dict)  # for providers that compute several extras at once
+
+
+class Extra:
+    """Makes one extra for the estimator, built once per run with the trainer it serves.
+
+    Subclasses implement `__call__(step) -> value` (a tensor on the CPU, or a number);
+    `doc` says what it is, with its shape, for the docs and for error messages.
+    """
+
+    doc: str = ""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+
+    def __call__(self, step: StepData) -> Any:
+        raise NotImplementedError
+
+    def after_update(self, step: StepData, value: Any) -> dict[str, float]:
+        """Called after the policy update with this step's value; returns metrics."""
+        return {}
+
+    def tensors(self) -> dict[str, torch.Tensor] | None:
+        """Weights to save in checkpoints (None: nothing)."""
+        return None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load(self, tensors: dict[str, torch.Tensor] | None, state: dict[str, Any] | None) -> None:
+        pass
+
+
+EXTRAS: Registry[type[Extra]] = Registry("extra")
+
+
+def build_extras(trainer: Any, needs: frozenset[str], estimator: str) -> dict[str, Extra]:
+    """The providers of `needs`; one line naming the known extras when one has none."""
+    out = {}
+    for name in sorted(needs):
+        if name not in EXTRAS:
+            raise AssayError(f"algo.advantage={estimator!r} needs {name!r}, which no extra provides; known extras: {', '.join(EXTRAS.names())} "
+                             "(register one in assay.train.extras.EXTRAS)")
+        out[name] = EXTRAS.get(name)(trainer)
+    return out
+
+
+# ---------------------------------------------------------------- read off the batch
+
+
+@EXTRAS.register("components")
+class Components(Extra):
+    doc = "[B, K] the reward's named components (sorted by name), NaN where absent"
+
+    def __call__(self, step):
+        if step.batch.components.shape[1] == 0:
+            raise AssayError(f"algo.advantage={self.trainer.cfg.algo.advantage!r} needs named reward components; "
+                             "use a composed reward block (docs/rewards.md)")
+        return step.batch.components
+
+
+@EXTRAS.register("correct")
+class Correct(Extra):
+    doc = "[B] bool, the reward is at least 1 (unscored: False)"
+
+    def __call__(self, step):
+        return torch.nan_to_num(step.batch.rewards, nan=0.0) >= 1.0
+
+
+@EXTRAS.register("logprobs")
+class Logprobs(Extra):
+    doc = "[B, T] the sampling policy's logprobs of the completion tokens"
+
+    def __call__(self, step):
+        return step.batch.old_logprobs.cpu()
+
+
+@EXTRAS.register("kl_coef")
+class KLCoef(Extra):
+    doc = "float, the run's algo.kl_coef"
+
+    def __call__(self, step):
+        return self.trainer.cfg.algo.kl_coef
+
+
+# ---------------------------------------------------------------- computed by the trainer
+
+
+@EXTRAS.register("ref_logprobs")
+class RefLogprobs(Extra):
+    doc = "[B, T] the reference policy's logprobs of the completion tokens (the reference is the starting policy)"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        if trainer.ref is None:
+            raise AssayError(f"algo.advantage={trainer.cfg.algo.advantage!r} needs ref_logprobs: set algo.kl_coef > 0 to load a reference model")
+
+    def __call__(self, step):
+        from assay.train.learner import token_logprobs
+
+        cfg = self.trainer.cfg
+        with torch.no_grad():
+            lp, _ = token_logprobs(self.trainer.ref, step.batch, cfg.rollout.temperature, fast=cfg.train.fast_forward)
+        return lp.cpu()
+
+
+@EXTRAS.register("greedy_rewards")
+class GreedyRewards(Extra):
+    doc = "[B] the reward of one greedy rollout of each sample's prompt (ReMax's baseline), NaN where unscored"
+
+    def __call__(self, step):
+        from assay.rollout.base import SamplingParams
+
+        t = self.trainer
+        greedy = t.sampler.generate(step.prompts, 1, SamplingParams(t.cfg.rollout.max_new_tokens, temperature=0.0))
+        scores = torch.tensor([float("nan") if r.score is None else r.score for r in t.executor.score(greedy, training=True)])
+        return scores[step.batch.group]
+
+
+def _step_tensors(step: StepData, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    if "steps" not in step.cache:
+        from assay.train.learner import step_tensors
+
+        step.cache["steps"] = step_tensors(step.trajs, step.results, tokenizer)
+    return step.cache["steps"]
+
+
+@EXTRAS.register("step_rewards")
+class StepRewards(Extra):
+    doc = "[B, S] the reward's per-step scores, NaN-padded"
+
+    def __call__(self, step):
+        return _step_tensors(step, self.trainer.tokenizer)[0]
+
+
+@EXTRAS.register("step_ends")
+class StepEnds(Extra):
+    doc = "[B, S] the completion token index where each step ends, -1-padded"
+
+    def __call__(self, step):
+        return _step_tensors(step, self.trainer.tokenizer)[1]
+
+
+@EXTRAS.register("values")
+class Values(Extra):
+    """The learned critic (`assay.train.critic`): V before the update, fitted to the estimator's GAE returns after it.
+
+    The discount and λ of those returns are the estimator's own hyperparameters (its
+    signature's defaults, overridden by `algo.advantage_args`), so the critic's targets
+    are the returns its advantages used.
+    """
+
+    doc = "[B, T] the critic's values V_t of the state before each completion token"
+
+    def __init__(self, trainer):
+        from assay.algos import ADVANTAGES
+        from assay.train.critic import Critic
+
+        super().__init__(trainer)
+        cfg = trainer.cfg
+        self.critic = Critic(trainer.model, cfg.critic, cfg.seed)
+        fn = ADVANTAGES.get(cfg.algo.advantage)
+        args = {**hyperparameters(fn, ("rewards", "group", "mask")), **cfg.algo.advantage_args}
+        self.target = {k: args[k] for k in inspect.signature(compute_gae).parameters if k in args}
+
+    def __call__(self, step):
+        return self.critic.values(step.batch)  # on the batch's device; the estimator gets a CPU copy
+
+    def after_update(self, step, value):
+        algo = self.trainer.cfg.algo
+        return self.critic.update(step.batch, value, **self.target, epochs=algo.epochs, minibatches=algo.minibatches)
+
+    def tensors(self):
+        return self.critic.tensors()
+
+    def state_dict(self):
+        return self.critic.opt.state_dict()
+
+    def load(self, tensors, state):
+        if tensors is None or state is None:
+            raise AssayError(f"--resume: the checkpoint has no critic; algo.advantage={self.trainer.cfg.algo.advantage!r} needs one")
+        self.critic.load(tensors, state)
