@@ -115,9 +115,10 @@ def clean(s: str) -> str:
 
 # --------------------------------------------------------------------------- normal form
 
-_UNITS = (
-    "cm|mm|km|m|kg|g|mg|s|sec|seconds|minutes|min|hours|hr|h|days|units|unit|degrees|degree|dollars|dollar|cents|"
-    "inches|inch|in|feet|ft|foot|meters|metres|miles|mph|square|sq|cubic|liters|litres|l|ml|years|people|students"
+_UNITS = (  # Minerva's removed unit words (Lewkowycz et al. 2022, arXiv:2206.14858, appendix D) and a few more
+    "cm|mm|km|m|kg|g|gm|grams|mg|s|sec|seconds|minutes|min|hours|hr|h|days|units|unit|degrees|degree|dollars|dollar|cents|"
+    "inches|inch|in|feet|ft|foot|meters|metres|miles|mph|square|sq|cubic|liters|litres|l|ml|years|people|students|"
+    "ways|integers|points|digits|pounds|lbs|lb|ounces|oz|edges|meals|multiples"
 )
 _UNIT_TAIL = re.compile(rf"^(.*?\d)\s*(?:\\text\{{\s*)?(?:{_UNITS})(?:\^?\{{?[23]\}}?)?\}}?$")
 _STRIP = [

@@ -64,9 +64,8 @@ def peel(s: str) -> str:
     return s
 
 
-@functools.lru_cache(maxsize=512)
 def _depths(s: str) -> tuple[int, ...]:
-    """Bracket depth at each character of `s` (any of `( [ { \\{ \\langle` opens), cached."""
+    """Bracket depth at each character of `s` (any of `( [ { \\{ \\langle` opens)."""
     out, depth, k = [0] * (len(s) + 1), 0, 0
     while k < len(s):
         m = _OPEN.match(s, k) or _CLOSE.match(s, k)
