@@ -201,6 +201,7 @@ SEPARATORS = [
     (r"\boxed{(12,102)}", "(12, 102)", 1.0, "correct"),  # inside brackets a comma separates elements
     (r"\boxed{12,102}", "12102", 1.0, "correct"),
     (r"\boxed{1,000}", "1", 0.0, "wrong"),
+    (r"\boxed{10 \text{ ways}}", "10", 1.0, "correct"),  # Minerva's unit words are dropped
 ]
 
 
@@ -268,7 +269,7 @@ def test_strictness_stays(math_reward, completion, gold, reason):
 
 
 def test_references_accept_themselves(math_reward):
-    golds = [r"\(\boxed{1}\) and \(\boxed{-2}\).", r"6 \text{ and } 8", r"\{1\pm\sqrt{5},-2\}", "(6,31,-1)", "a = 2, b = 3",
+    golds = [r"3 \pmod{5}", r"\(\boxed{1}\) and \(\boxed{-2}\).", r"6 \text{ and } 8", r"\{1\pm\sqrt{5},-2\}", "(6,31,-1)", "a = 2, b = 3",
              r"(-\infty, 2] \cup [3, \infty)", r"10,\!000", r"\text{Evelyn and Carla}", "(0;0;0),(4;0;6)"]
     for gold in golds:
         boxed = gold if r"\boxed" in gold else rf"\boxed{{{gold}}}"
