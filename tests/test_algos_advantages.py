@@ -11,7 +11,7 @@ import torch
 
 from assay.algos import ADVANTAGES, compute_gae, explained_variance, requirements, step_to_token
 from assay.train.extras import EXTRAS
-from assay.algos.advantages import declare, group_stats
+from assay.algos.advantages import group_stats
 
 nan = math.nan
 S3 = 1 / math.sqrt(3)  # 0.57735

@@ -13,12 +13,11 @@ import torch
 from assay.config import AlgoConfig
 from assay.data.tasks import make_task
 from assay.models import build_char_tokenizer, quiet_hf
-from assay.llama import supported
-from assay.rollout.decoder import StaticDecoder
+from assay.models.llama import supported
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
 from assay.train import learner
-from assay.train.logprobs import token_logprobs_from_hidden
+from assay.models.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult
 
 quiet_hf()
@@ -168,7 +167,7 @@ def test_chunked_lm_head_equals_full_log_softmax(temperature):
 def test_shared_prefix_forward_equals_the_models_own_forward(kind, kv_heads, extra):
     import dataclasses
 
-    from assay import llama as forward
+    from assay.models import llama as forward
 
     model = _model(kind, kv_heads, **extra)
     with torch.no_grad():

@@ -81,7 +81,7 @@ def test_score_file_invalid_utf8(tmp_path):
 def test_score_file_bad_line(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"completion": "1", "answer": "1"}\n{oops\n')
-    with pytest.raises(AssayError, match=r"in.jsonl:2: not valid JSON"):
+    with pytest.raises(AssayError, match=r"in.jsonl:2: malformed JSON line"):
         score_file("math", str(src), str(tmp_path / "o.jsonl"), workers=0, timeout=1.0)
 
 

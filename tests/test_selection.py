@@ -5,20 +5,16 @@ import math
 import random
 
 import pytest
-import torch
 
 from assay.data.selection import (
-    DynamicFilter, RetryBuffer, VariancePriority, filter_groups, inject_ground_truth,
+    DynamicFilter, RetryBuffer, VariancePriority, informative, inject_ground_truth,
 )
 
 
-def test_filter_groups():
-    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, None, 0.5, math.nan, 0.5, 0.7]
-    group = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
-    # group 0 mixed: keep; 1 all solved: drop; 2 one scored: drop; 3 one scored: drop; 4 mixed: keep
-    assert filter_groups(rewards, group).tolist() == [True, True, False, False, False, False, False, False, True, True]
-    assert filter_groups(torch.tensor([0.5, 0.5 + 1e-9]), torch.tensor([0, 0])).tolist() == [False, False]
-    assert filter_groups([], []).numel() == 0
+def test_informative_groups():
+    # mixed: keep; all solved: drop; one scored: drop (twice); mixed: keep; equal within tol: drop; empty: drop
+    groups = [[1.0, 0.0], [1.0, 1.0], [0.0, None], [0.5, math.nan], [0.5, 0.7], [0.5, 0.5 + 1e-9], []]
+    assert [informative(g) for g in groups] == [True, False, False, False, True, False, False]
 
 
 def test_dynamic_sampler_fills_the_batch_over_rounds():

@@ -149,7 +149,7 @@ def test_assays_forward_trains_like_the_models_own(tiny_model_dir, tmp_path):
     # train.fast_forward (the shared-prefix forward) and optim.fused change how the update
     # is computed, never what it computes: the update matches the plain run's.
     from _train_helpers import update_of
-    from assay import llama
+    from assay.models import llama
 
     runs = {}
     for name, flag in (("plain", "false"), ("fast", "true")):

@@ -332,7 +332,6 @@ def tailrl(
     adv = torch.zeros_like(rewards, dtype=torch.float64)
     for idx in _group_indices(group, ~torch.isnan(rewards)):
         r = rewards[idx].double()
-        n = r.numel()
         lo = r.min() if low is None else torch.full_like(r[0], float(low))
         hi = r.max() if high is None else torch.full_like(r[0], float(high))
         if hi <= lo:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from assay.data.tasks import make_task
 from assay.data.tasks.base import Task
@@ -20,10 +20,17 @@ from assay.types import Sample
 CORE_FIELDS = ("prompt", "answer", "id")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a malformed line is an error that names its line number."""
-    rows = []
-    with open(path, "rb") as f:
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`(line number, row)` for each non-blank line of a JSONL file, read as it goes.
+
+    A missing file, a line that is not JSON, or one that is not an object is one
+    `AssayError` that names the file and the line.
+    """
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise AssayError(f"cannot read {path}: {e.strerror}") from None
+    with f:
         for lineno, raw in enumerate(f, 1):
             line = raw.decode("utf-8", errors="replace").strip()
             if not line:
@@ -31,11 +38,15 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise AssayError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
+                raise AssayError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):
                 raise AssayError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+            yield lineno, row
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file (see `iter_jsonl`)."""
+    return [row for _, row in iter_jsonl(path)]
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:

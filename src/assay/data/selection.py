@@ -6,8 +6,8 @@ as a success, a failure or a variance sample. Prompt ids are `Sample.id`.
 
 Interface:
 
-- `filter_groups(rewards [B], group [B]) -> keep [B] bool`: DAPO's test; a group is kept
-  when its scored rewards are not all equal (it has a learning signal).
+- `informative(rewards) -> bool`: DAPO's test; a group is kept when its scored rewards
+  are not all equal (it has a learning signal).
 - `DynamicFilter(target_groups, max_rounds)`: DAPO dynamic sampling. Per generation
   round call `add(groups, rewards)` (lists per group); loop `while not sampler.done`;
   then `take() -> (groups, rewards)`, at most `target_groups` informative groups. At
@@ -35,7 +35,6 @@ import random
 from collections import OrderedDict
 from typing import Generic, Hashable, Sequence, TypeVar
 
-import torch
 
 T = TypeVar("T")
 Reward = float | None
@@ -46,33 +45,18 @@ def scored_rewards(rewards: Sequence[Reward]) -> list[float]:
     return [float(r) for r in rewards if r is not None and not math.isnan(float(r))]
 
 
-def filter_groups(rewards: torch.Tensor | Sequence[Reward], group: torch.Tensor | Sequence[int], tol: float = 1e-6) -> torch.Tensor:
-    """Which samples belong to a group with a learning signal: scored rewards not all equal.
+def informative(rewards: Sequence[Reward], tol: float = 1e-6) -> bool:
+    """Whether a group has a learning signal: at least 2 scored rewards, not all equal.
 
-    DAPO's dynamic sampling drops groups whose rewards are all equal (all solved or all
-    failed), whose group-relative advantages are all 0. Yu et al., "DAPO: An Open-Source
-    LLM Reinforcement Learning System at Scale" (2025), arXiv:2503.14476.
+    DAPO's dynamic sampling drops the other groups (all solved or all failed), whose
+    group-relative advantages are all 0. Yu et al., "DAPO: An Open-Source LLM
+    Reinforcement Learning System at Scale" (2025), arXiv:2503.14476.
 
-    Args:
-        rewards: `[B]`, NaN (or None) where unscored.
-        group: `[B]` group index.
-        tol: rewards closer than this count as equal.
-    Returns:
-        `keep [B]` bool; a group with fewer than 2 scored samples is dropped.
-
-    >>> filter_groups([1., 0., 1., 1.], [0, 0, 1, 1])
-    tensor([ True,  True, False, False])
+    >>> informative([1.0, 0.0]), informative([1.0, 1.0]), informative([1.0, None])
+    (True, False, False)
     """
-    r = torch.tensor([math.nan if x is None else float(x) for x in rewards], dtype=torch.float64)
-    g = torch.as_tensor(group, dtype=torch.long)
-    if r.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool)
-    valid = ~torch.isnan(r)
-    n = int(g.max()) + 1
-    hi = torch.full((n,), -math.inf, dtype=torch.float64).scatter_reduce(0, g[valid], r[valid], "amax")
-    lo = torch.full((n,), math.inf, dtype=torch.float64).scatter_reduce(0, g[valid], r[valid], "amin")
-    spread = (hi - lo)[g]  # -inf or NaN for groups with no scored sample
-    return torch.nan_to_num(spread, nan=0.0, neginf=0.0) > tol
+    scored = scored_rewards(rewards)
+    return len(scored) >= 2 and max(scored) - min(scored) > tol
 
 
 class DynamicFilter(Generic[T]):
@@ -105,8 +89,7 @@ class DynamicFilter(Generic[T]):
         self.seen += len(groups)
         kept = 0
         for items, rs in zip(groups, rewards):
-            scored = scored_rewards(rs)
-            if len(scored) >= 2 and max(scored) - min(scored) > self.tol:
+            if informative(rs, self.tol):
                 self._groups.append(list(items))
                 self._rewards.append(list(rs))
                 kept += 1

@@ -37,7 +37,8 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     from assay.eval.policy import evaluate
     from assay.rewards.base import REWARDS
     from assay.rollout.torch_sampler import TorchSampler
-    from assay.train.sft import SFTConfig, noisy_answers, sft
+    from assay.recipes.noisy import noisy_answers
+    from assay.train.sft import SFTConfig, sft
 
     quiet_hf()
     recipe = load_recipe(name)

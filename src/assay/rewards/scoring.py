@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any, Iterator
 
+from assay.data.datasets import iter_jsonl
 from assay.errors import AssayError
 from assay.rewards.base import REWARDS
 from assay.rewards.executor import RewardExecutor
@@ -23,25 +24,11 @@ _ROW_KEYS = ("id", "prompt", "completion", "answer")
 
 
 def read_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """`(line number, row)` for each non-blank JSONL line; AssayError names a bad line."""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise AssayError(f"cannot read {path}: {e.strerror}") from None
-    with f:
-        for n, raw in enumerate(f, 1):
-            line = raw.decode("utf-8", errors="surrogateescape").strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise AssayError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise AssayError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
-            if "completion" not in row:
-                raise AssayError(f"{path}:{n}: missing field 'completion' (rows need prompt, completion, answer)")
-            yield n, row
+    """`(line number, row)` for each JSONL row to score; AssayError names a bad line."""
+    for n, row in iter_jsonl(path):
+        if "completion" not in row:
+            raise AssayError(f"{path}:{n}: missing field 'completion' (rows need prompt, completion, answer)")
+        yield n, row
 
 
 def row_to_traj(row: dict[str, Any], index: int) -> Trajectory:

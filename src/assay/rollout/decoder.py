@@ -10,10 +10,10 @@ with two batched matmuls over the cache buffer.
 
 Left padding makes every row's prompt end in the same column, so the token generated at
 step s of every row is written to the same cache slot `P + s`; only position ids differ
-by row. The prefill runs each prompt once through `assay.llama.prompt_cache` and copies
+by row. The prefill runs each prompt once through `assay.models.llama.prompt_cache` and copies
 its keys and values into the buffers, G times.
 
-Supported: the Llama family as `assay.llama.supported` defines it (Llama, Mistral, Qwen2,
+Supported: the Llama family as `assay.models.llama.supported` defines it (Llama, Mistral, Qwen2,
 Qwen3 with its q/k norms, with or without projection biases). Anything else, and
 sequences longer than a sliding attention window, use the generic Hugging Face path
 (`supported()` says why). `tests/test_numerics.py` checks that both paths draw the same
@@ -23,9 +23,8 @@ tokens with the trainer's logprobs.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from assay.llama import _cat_bias, _norm, prompt_cache, rotary_table
+from assay.models.llama import _cat_bias, _norm, prompt_cache, rotary_table
 
 
 def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):

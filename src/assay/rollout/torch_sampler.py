@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from assay.llama import supported
+from assay.models.llama import supported
 from assay.rollout.base import SAMPLERS, SamplingParams, pad_id
 from assay.rollout.decoder import StaticDecoder, hf_prefill
 from assay.types import Sample, Trajectory

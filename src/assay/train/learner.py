@@ -14,8 +14,8 @@ from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, 
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
-from assay.llama import batch_supported as forward_supported, prefix_hidden
-from assay.train.logprobs import token_logprobs_from_hidden
+from assay.models.llama import batch_supported as forward_supported, prefix_hidden
+from assay.models.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult, Trajectory
 
 
@@ -76,7 +76,7 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
 
 def _fused_head(model) -> torch.Tensor | None:
     """The LM head's weight when logits are exactly `hidden @ W.T` (no bias, scale or soft-cap), else None."""
-    from assay.llama import FAMILY
+    from assay.models.llama import FAMILY
 
     cfg = getattr(model, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -97,10 +97,10 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: 
 
     Only the T positions that predict completion tokens go through the LM head. With
     `fast` (the default) a Llama-family model runs assay's shared-prefix forward
-    (`assay.llama`: each distinct prompt once); otherwise, and for other models,
+    (`assay.models.llama`: each distinct prompt once); otherwise, and for other models,
     the model's own forward runs every row whole. When the logits would be large (at
     least `CHUNKED_MIN_ELEMENTS`) and the LM head is a plain matrix, the head runs in
-    chunks (`assay.train.logprobs`), so `[B, T, V]` logits are never held for the backward
+    chunks (`assay.models.logprobs`), so `[B, T, V]` logits are never held for the backward
     pass; the entropy then comes without a gradient, which is all a metric needs. Below
     that size the plain head is faster (one matmul, no recomputation). `entropy_grad=True`
     (an entropy bonus) always takes the plain head, where the entropy is differentiable.

@@ -38,7 +38,7 @@ from assay.train.learner import (accumulate_step, activation_bytes_per_token, co
                                  token_logprobs)
 from assay.train.interrupt import Preempted, StopSignals
 from assay.train.progress import RunProgress
-from assay.train.runs import RUN_FILE, check_same_run, check_writable, new_run_dir, read_record, run_record, write_config
+from assay.train.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
 
 
 def _stem(extra: str) -> str:

@@ -16,8 +16,7 @@ from assay.errors import AssayError
 #: every character the built-in tasks use, plus room for user data in plain ASCII
 ALPHABET = "".join(chr(c) for c in range(32, 127))
 SPECIAL = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
-BUNDLED_DIR = Path(__file__).parent / "recipes"
-DEFAULT_MODEL = "tiny-arith"
+BUNDLED_DIR = Path(__file__).parent.parent / "recipes"
 
 
 def build_char_tokenizer(alphabet: str = ALPHABET):
