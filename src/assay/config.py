@@ -42,6 +42,9 @@ class DataConfig(Section):
     """Share of `path` held out for evaluation when `eval_path` is not given."""
     fields: dict[str, str] = Field(default_factory=dict)
     """Column mapping, for example `{prompt: question, answer: solution, id: uid}`."""
+    overlong: Literal["error", "drop", "truncate"] = "error"
+    """A prompt longer than the model's context less `rollout.max_new_tokens`: `error` (one
+    line naming it), `drop` it (with a count), or `truncate` it from the left."""
 
 
 class RolloutConfig(Section):
@@ -190,6 +193,20 @@ class TrainConfig(Section):
     and wherever the trainer recomputes logprobs: each distinct prompt once per micro-batch
     (Prefix Grouper's shared-prefix forward), fused projections; the same logprobs and
     gradients as the model's own forward, to rounding. False: always the model's own forward."""
+    samples_every: int = Field(20, ge=0)
+    """Write a few prompts with their completions, rewards and reasons to `samples.jsonl` at
+    step 1 and every this many steps (0: never)."""
+    samples_n: int = Field(2, ge=1)
+    """Prompts per sample dump (each with up to 4 of its completions)."""
+    show_samples: bool = False
+    """Also print one sampled completion above the progress bar at each dump."""
+    stop_unscored_steps: int = Field(3, ge=0)
+    """Stop the run, with one line saying why, when no completion could be scored for this
+    many steps in a row (0: never stop)."""
+    zero_var_warn: float = Field(0.9, gt=0.0, le=1.0)
+    """Warn when at least this share of a step's groups have all-equal rewards (no learning signal) ..."""
+    zero_var_steps: int = Field(10, ge=0)
+    """... for this many steps in a row (0: never warn)."""
     skip_zero_advantage: bool = True
     """Leave out of the update the rows whose advantage is zero on every token (groups whose
     completions all scored alike, under GRPO and the other group-relative estimators): they

@@ -6,6 +6,7 @@ handed out, so a resumed run continues with exactly the prompts it would have se
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -103,6 +104,7 @@ class PromptSource:
         self.consumed = 0
         self._task = train if isinstance(train, Task) else None
         self._rows = None if isinstance(train, Task) else train
+        self._fit: PromptLimit | None = None
         self._restart()
 
     def _restart(self) -> None:
@@ -111,9 +113,22 @@ class PromptSource:
         else:
             self._order: list[int] = []
 
+    def limit(self, fit: "PromptLimit") -> None:
+        """Hold every prompt to `fit`: held-out and training rows now (one error, or dropped or
+        truncated with one warning), a task's prompts as they are drawn."""
+        self._fit = fit
+        self.heldout = fit.apply(self.heldout, "held-out data")
+        if self._rows is not None:
+            self._rows = fit.apply(self._rows, "training data")
+            if not self._rows:
+                raise AssayError("data: every training prompt is too long for the model (data.overlong=drop left none)")
+
     def _next(self) -> Sample:
         if self._task is not None:
-            return next(self._it)
+            while True:  # a task's prompts are checked as they come (a dropped one is skipped, the same way on resume)
+                s = next(self._it)
+                if self._fit is None or (s := self._fit.one(s, "task problem")) is not None:
+                    return s
         if not self._order:
             epoch = self.consumed // len(self._rows)
             self._order = list(range(len(self._rows)))
@@ -136,6 +151,48 @@ class PromptSource:
         while self.consumed < target:
             self._next()
             self.consumed += 1
+
+
+class PromptLimit:
+    """Prompts of at most `max_tokens` tokens (the model's context less `rollout.max_new_tokens`).
+
+    `policy` (`data.overlong`): `error` refuses an over-long prompt in one line naming it;
+    `drop` leaves it out (one warning counts them); `truncate` keeps its last
+    `max_tokens` tokens, cut at a token boundary of the text.
+    """
+
+    def __init__(self, tokenizer, max_tokens: int, policy: str, context: int):
+        self.tokenizer, self.max_tokens, self.policy, self.context = tokenizer, max_tokens, policy, context
+
+    def _length(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def one(self, s: Sample, where: str) -> Sample | None:
+        if not isinstance(s.prompt, str) or self._length(s.prompt) <= self.max_tokens:
+            return s
+        if self.policy == "error":
+            n = self._length(s.prompt)
+            raise AssayError(f"{where} id {s.id!r}: the prompt is {n} tokens; the model takes {self.context} positions, so with "
+                             f"rollout.max_new_tokens a prompt may have at most {self.max_tokens} (shorten it, or set data.overlong=drop or truncate)")
+        if self.policy == "drop":
+            return None
+        return dataclasses.replace(s, prompt=self._tail(s.prompt))
+
+    def _tail(self, text: str) -> str:
+        """The end of `text` that is at most `max_tokens` tokens, starting on a token boundary."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        cut = len(enc["input_ids"]) - self.max_tokens
+        start = enc["offset_mapping"][cut][0]
+        while start < len(text) and self._length(text[start:]) > self.max_tokens:
+            start += 1
+        return text[start:]
+
+    def apply(self, rows: list[Sample], where: str) -> list[Sample]:
+        kept = [x for x in (self.one(s, where) for s in rows) if x is not None]
+        changed = len(rows) - len(kept) if self.policy == "drop" else sum(a.prompt != b.prompt for a, b in zip(rows, kept))
+        if changed:
+            log.warning(f"{where}: {changed} prompts longer than {self.max_tokens} tokens were {'dropped' if self.policy == 'drop' else 'truncated from the left'}")
+        return kept
 
 
 def prompt_key(sample: Sample) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +45,37 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(loc="best")
         fig.tight_layout()
-        fig.savefig(out_dir / name)
+        fig.savefig(out_dir / f".{name}.tmp", format="png")
+        os.replace(out_dir / f".{name}.tmp", out_dir / name)  # never a half-written plot
         plt.close(fig)
         written.append(out_dir / name)
     return written
 
 
+def _warnings_html(rows: list[dict[str, Any]]) -> str:
+    items = [(r["step"], r["warning"]) for r in rows if isinstance(r.get("warning"), str)]
+    if not items:
+        return ""
+    lis = "".join(f"<li>step {s}: {html.escape(w)}</li>" for s, w in items)
+    return f'<h2>Warnings</h2><ul class="warn">{lis}</ul>'
+
+
+def _samples_html(run_dir: Path, dumps: int = 2) -> str:
+    """The last `dumps` sample dumps of `samples.jsonl`: prompt, answer, completions with reward and reason."""
+    path = run_dir / "samples.jsonl"
+    rows = read_metrics(path) if path.exists() else []
+    steps = sorted({r["step"] for r in rows})[-dumps:]
+    body = ""
+    for r in (r for r in rows if r["step"] in steps):
+        comps = "".join(f"<tr><td><code>{html.escape(repr(c.get('text')))}</code></td><td>{html.escape(_fmt(c.get('reward')))}</td>"
+                        f"<td>{html.escape(str(c.get('reason') or c.get('error') or ''))}</td></tr>" for c in r.get("completions", []))
+        body += (f"<h3>step {r['step']}: <code>{html.escape(repr(r.get('prompt')))}</code> (answer {html.escape(str(r.get('answer')))})</h3>"
+                 f"<table><tr><th>completion</th><th>reward</th><th>reason</th></tr>{comps}</table>")
+    return f"<h2>Sample completions</h2>{body}" if body else ""
+
+
 def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any]) -> Path:
-    """Plots plus `report.html` (config, final figures, plots) in `run_dir`."""
+    """Plots plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     plots = plot_metrics(rows, run_dir)
@@ -59,12 +83,14 @@ def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any])
     imgs = "".join(f'<img src="{p.name}" alt="{p.stem}">' for p in plots)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>assay run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}
-th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}pre{{background:#f5f5f5;padding:1em}}</style>
+th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}.warn{{color:#a40}}pre{{background:#f5f5f5;padding:1em}}</style>
 </head><body><h1>assay run <code>{html.escape(run_dir.name)}</code></h1>
-<h2>Final figures</h2><table>{cells}</table><h2>Curves</h2>{imgs}
-<h2>Configuration</h2><pre>{html.escape(yaml.safe_dump(config, sort_keys=False))}</pre></body></html>"""
+<h2>Final figures</h2><table>{cells}</table>{_warnings_html(rows)}<h2>Curves</h2>{imgs}
+{_samples_html(run_dir)}<h2>Configuration</h2><pre>{html.escape(yaml.safe_dump(config, sort_keys=False))}</pre></body></html>"""
     out = run_dir / "report.html"
-    out.write_text(page)
+    tmp = run_dir / ".report.html.tmp"
+    tmp.write_text(page)
+    os.replace(tmp, out)
     return out
 
 

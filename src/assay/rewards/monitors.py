@@ -24,12 +24,13 @@ from assay.types import RewardResult, Trajectory
 
 
 def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
+    """The mean; NaN (logged as null) for no values: an unscored batch is never averaged as 0."""
+    return sum(xs) / len(xs) if xs else math.nan
 
 
 def _std(xs: list[float]) -> float:
     m = _mean(xs)
-    return math.sqrt(_mean([(x - m) ** 2 for x in xs])) if xs else 0.0
+    return math.sqrt(_mean([(x - m) ** 2 for x in xs])) if xs else math.nan
 
 
 def pearson(xs: list[float], ys: list[float]) -> float:
@@ -83,7 +84,9 @@ def _group_metrics(scored: list[tuple[float, int, int]], high: float, low: float
     for s, g, _ in scored:
         by[g].append(s)
     groups = list(by.values())
-    n = len(groups) or 1
+    if not groups:  # nothing scored: no group statistics at all
+        return dict.fromkeys(("reward/saturated_group_frac", "reward/unsolved_group_frac", "reward/zero_var_group_frac"), math.nan)
+    n = len(groups)
     return {
         "reward/saturated_group_frac": sum(all(s >= high for s in v) for v in groups) / n,
         "reward/unsolved_group_frac": sum(all(s <= low for s in v) for v in groups) / n,

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from assay.config import RunConfig
-from assay.data.datasets import PromptSource, build_source
+from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
 from assay.models import load_policy
@@ -34,6 +34,7 @@ from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, 
 from assay.data.selection import DynamicFilter, scored_rewards
 from assay.train.extras import StepData, build_extras
 from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
+from assay.train.health import HealthGates, RunCannotLearn, sample_rows
 from assay.train.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
                                  token_logprobs)
 from assay.train.interrupt import Preempted, StopSignals
@@ -101,6 +102,11 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context:
+            if cfg.rollout.max_new_tokens >= context:
+                raise AssayError(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} leaves no room for a prompt: the model takes {context} positions")
+            self.source.limit(PromptLimit(self.tokenizer, context - cfg.rollout.max_new_tokens, cfg.data.overlong, context))
         self.picker = PromptPicker(self.source, cfg.selection, cfg.rollout.prompts_per_step, cfg.seed)
         self.gold = GoldInjector(self.tokenizer, cfg.selection.gold_field, cfg.selection.success) if cfg.selection.inject_gold else None
         self.adv_args = estimator_args(cfg.algo)
@@ -118,6 +124,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
                                      fused=cfg.optim.fused and self.device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
+        self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps)
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
         self._saved_at: int | None = None
@@ -125,6 +132,7 @@ class Trainer:
             self._resume()
         write_config(self.run_dir, cfg)
         self.sink = JsonlSink(self.run_dir / "metrics.jsonl", truncate_after=self.step)
+        self.samples = JsonlSink(self.run_dir / "samples.jsonl", truncate_after=self.step)
 
     @property
     def finished(self) -> bool:
@@ -137,6 +145,7 @@ class Trainer:
             "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "data": self.source.state_dict(), "rng": rng_state(self.generator), "config": self.cfg.model_dump(mode="json"),
             "selection": self.picker.state_dict(), "extras": {n: e.state_dict() for n, e in self.extras.items()},
+            "health": self.health.state_dict(),
         }
 
     def save(self) -> Path:
@@ -144,6 +153,7 @@ class Trainer:
         tensors = {_stem(n): t for n, e in self.extras.items() if (t := e.tensors()) is not None}
         record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
         self.sink.sync()
+        self.samples.sync()
         folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
         self._saved_at = self.step
@@ -171,6 +181,8 @@ class Trainer:
         for name, extra in self.extras.items():
             weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
             extra.load(weights, saved.get(name))
+        if state.get("health") is not None:
+            self.health.load_state_dict(state["health"])
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
 
@@ -199,6 +211,7 @@ class Trainer:
         """Advantages and the policy (and critic) update on collected rollouts; the step's metrics."""
         cfg = self.cfg
         trajs, results, metrics, t0 = rollout
+        self._last = (trajs, results)
         t_rew = time.perf_counter()
         prompts = list({t.group: t.sample for t in trajs}.values())  # one per group, in group order
         batch = collate(trajs, results, pad_id(self.tokenizer), self.device)
@@ -335,6 +348,8 @@ class Trainer:
                     with signals.critical():
                         self._finish_step(self.learn(rollout), last, bar)
                     signals.raise_pending()
+                    if self.health.stop:
+                        raise RunCannotLearn(self.health.stop)
                 with signals.critical():
                     if self.evaluated_at != self.step:
                         self._log(self.evaluate(), last, bar)
@@ -344,18 +359,34 @@ class Trainer:
                     write_report(self.run_dir, cfg.model_dump(mode="json"), summary)
                     save_checkpoint(self.run_dir / "final", self.model, self.tokenizer, {"step": self.step})
                 signals.raise_pending()  # a signal during the last step's wrap-up: the run is complete anyway
-            except (KeyboardInterrupt, Preempted):
+            except (KeyboardInterrupt, Preempted, RunCannotLearn) as e:
                 if not signals.torn and self._saved_at != self.step:
                     self.save()
+                if isinstance(e, RunCannotLearn):  # the report shows why, with the samples
+                    write_report(self.run_dir, cfg.model_dump(mode="json"), {**self._summary(), "stopped": str(e)})
                 raise
             finally:
                 self.sink.close()
+                self.samples.close()
         return RunResult(self.run_dir, summary)
 
     def _finish_step(self, metrics: dict[str, float], last: dict[str, float], bar) -> None:
-        """Count the step; evaluate, log and save when due."""
+        """Count the step; health gates, samples; evaluate, log and save when due."""
         cfg = self.cfg
         self.step += 1
+        trajs, results = self._last
+        warning = self.health.check(self.step, metrics, trajs, results)
+        if warning:
+            metrics["warning"] = warning
+            bar.note(f"assay: warning: step {self.step}: {warning}")
+        every = cfg.train.samples_every
+        if every and (self.step == 1 or self.step % every == 0):
+            rows = sample_rows(trajs, results, cfg.train.samples_n)
+            for row in rows:
+                self.samples.log(self.step, row)
+            if cfg.train.show_samples and rows and rows[0]["completions"]:
+                c = rows[0]["completions"][0]
+                bar.note(f"step {self.step}: {rows[0]['prompt']!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             metrics.update(self.evaluate())
         self._log(metrics, last, bar, evaluated="eval/accuracy" in metrics)

@@ -1,0 +1,111 @@
+"""Health gates: a run that cannot learn says so, instead of reporting success.
+
+Two conditions are watched after every step:
+
+- **Nothing could be scored.** When no completion of a step got a score (every reward
+  `None` or failed) for `train.stop_unscored_steps` steps in a row, the run stops with one
+  line: how many completions were unscored, the commonest reasons, and one example.
+- **No learning signal.** When at least `train.zero_var_warn` of a step's groups have
+  all-equal rewards (GRPO's advantage is then 0 for all of them) for
+  `train.zero_var_steps` steps in a row, a warning goes to the progress bar, to that step's
+  row of `metrics.jsonl` (`"warning"`) and to the report, with a hint that depends on
+  whether the groups all fail (too hard, or a broken reward) or all succeed (nothing left
+  to learn).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from assay.errors import AssayError
+from assay.types import RewardResult, Trajectory
+
+__all__ = ["HealthGates", "RunCannotLearn", "sample_rows"]
+
+
+class RunCannotLearn(AssayError):
+    """The run stopped because no reward could be scored for several steps."""
+
+
+@dataclass
+class HealthGates:
+    """Streak counters across steps. `check` returns a warning when one is due; `stop` is set
+    (to the one-line reason) when the run must end."""
+
+    stop_unscored_steps: int = 3
+    zero_var_warn: float = 0.9
+    zero_var_steps: int = 10
+    unscored_streak: int = 0
+    zero_var_streak: int = 0
+    warnings: list[tuple[int, str]] = field(default_factory=list)
+    stop: str | None = None
+
+    def check(self, step: int, metrics: dict[str, float], trajs: list[Trajectory], results: list[RewardResult]) -> str | None:
+        """Update the streaks with one step; a warning for this step, if one is due."""
+        scored = [r for r in results if r.score is not None and r.error is None]
+        self.unscored_streak = 0 if scored else self.unscored_streak + 1
+        if self.stop_unscored_steps and self.unscored_streak >= self.stop_unscored_steps:
+            self.stop = unscored_message(self.unscored_streak, trajs, results)
+        zero_var = metrics.get("reward/zero_var_group_frac")
+        high = zero_var is not None and zero_var == zero_var and zero_var >= self.zero_var_warn
+        self.zero_var_streak = self.zero_var_streak + 1 if high else 0
+        if not self.zero_var_steps or self.zero_var_streak == 0 or self.zero_var_streak % self.zero_var_steps:
+            return None
+        warning = zero_var_message(self.zero_var_streak, metrics)
+        self.warnings.append((step, warning))
+        return warning
+
+    def state_dict(self) -> dict:
+        return {"unscored_streak": self.unscored_streak, "zero_var_streak": self.zero_var_streak, "warnings": list(self.warnings)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.unscored_streak, self.zero_var_streak = state["unscored_streak"], state["zero_var_streak"]
+        self.warnings = [tuple(w) for w in state["warnings"]]
+
+
+def unscored_message(steps: int, trajs: list[Trajectory], results: list[RewardResult]) -> str:
+    reasons = Counter(str(r.info.get("reason") or r.error or "no score") for r in results)
+    top = ", ".join(f"{reason} ×{n}" for reason, n in reasons.most_common(3))
+    example = ""
+    if trajs:
+        t, r = trajs[0], results[0]
+        why = r.info.get("reason") or r.error or "no score"
+        example = f"; example: prompt {_clip(t.sample.prompt)} → completion {_clip(t.completion)} ({why})"
+    return (f"no reward could be scored for {steps} steps in a row: the last step's {len(results)} of {len(results)} completions "
+            f"were unscored ({top}){example}; check that the reward fits the task and the completions "
+            "(train.stop_unscored_steps=0 keeps going)")
+
+
+def zero_var_message(steps: int, metrics: dict[str, float]) -> str:
+    frac = metrics.get("reward/zero_var_group_frac", 0.0)
+    unsolved = metrics.get("reward/unsolved_group_frac", 0.0) or 0.0
+    saturated = metrics.get("reward/saturated_group_frac", 0.0) or 0.0
+    if unsolved >= saturated:
+        hint = ("almost every group fails: raise rollout.group_size, check the reward, and check the task's difficulty for "
+                "this model with assay eval --k 8 (a pass@8 near 0 leaves nothing to learn from)")
+    else:
+        hint = "almost every group succeeds: little is left to learn from these prompts (harder data, or selection.dynamic=true)"
+    return f"{frac:.0%} of groups had all-equal rewards (no learning signal) for {steps} steps in a row; {hint}"
+
+
+def _clip(text: object, n: int = 60) -> str:
+    s = str(text)
+    return repr(s if len(s) <= n else s[: n - 1] + "…")
+
+
+def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4) -> list[dict]:
+    """A few prompts of a step with their completions, rewards and reasons (rows of `samples.jsonl`)."""
+    rows: list[dict] = []
+    by_group: dict[int, list[tuple[Trajectory, RewardResult]]] = {}
+    for t, r in zip(trajs, results):
+        by_group.setdefault(t.group, []).append((t, r))
+    for g in sorted(by_group)[:prompts]:
+        items = by_group[g]
+        s = items[0][0].sample
+        rows.append({
+            "id": s.id, "prompt": s.prompt, "answer": s.answer if isinstance(s.answer, (str, int, float, type(None))) else str(s.answer),
+            "completions": [{"text": t.completion, "reward": r.score, "reason": r.info.get("reason"), "error": r.error,
+                             "extracted": r.info.get("extracted", r.info.get("answer"))} for t, r in items[:per_prompt]],
+        })
+    return rows
