@@ -34,7 +34,8 @@ def require_sandbox() -> None:
     path, why = isolation.find_bwrap()
     if path is not None:
         return
-    message = f"no working bubblewrap sandbox ({why}); scripts/install-sandbox.sh: {proc.stderr.strip()[-200:]}"
+    tail = proc.stderr.strip()[-200:]
+    message = f"no working bubblewrap sandbox ({why})" + (f"; scripts/install-sandbox.sh: {tail}" if tail else "")
     if in_ci():
         pytest.exit(f"CI is set and the security suite cannot run: {message}", returncode=1)
     pytest.skip(message)
