@@ -94,22 +94,30 @@ def test_the_sandbox_sees_no_host_files_network_or_environment(pool):
     assert lines[3] == "['lo']"
 
 
+def cpu_share(pool) -> float:
+    """The share of a core a sandboxed process gets right now: CPU seconds per wall second of a busy loop."""
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass"
+    rec = pool.run([py_job(busy, [{"input": ""}])])[0].cases[0]
+    return min(1.0, rec.cpu / rec.wall)
+
+
 def test_cpu_limit_ends_the_run_by_sigxcpu_within_one_and_a_half_times_the_limit(pool):
     """Issue 21: the CPU limit is asserted by its own signal, and the run ends within ~1.5x the limit.
 
-    The wall bound is checked on the harness's own clock for the test's process; on a busy
-    machine a run may get less than a core, so up to three runs are made and one must fit.
+    The run's wall time is the harness's own clock for the test's process. On a machine
+    busy with other work a process gets less than a core, so the bound is 1.5x the limit in
+    the CPU time the machine gives: divided by the share a calibration loop got just before.
     """
-    limit = 1.0
-    walls = []
+    limit, runs = 1.0, []
     for _ in range(3):
+        share = cpu_share(pool)
         rec = pool.run([py_job("while True: pass", [{"input": ""}], limits=Limits(cpu_s=limit))])[0].cases[0]
         assert rec.status == "signal" and rec.sig == 24, rec  # SIGXCPU, not the wall clock
         assert 0.9 * limit <= rec.cpu <= 1.5 * limit
-        walls.append(rec.wall)
-        if rec.wall <= 1.5 * limit:
+        runs.append((rec.wall, share))
+        if rec.wall <= 1.5 * limit / share:
             break
-    assert min(walls) <= 1.5 * limit, walls
+    assert any(wall <= 1.5 * limit / share for wall, share in runs), runs
 
 
 def test_output_cap_and_memory_limit(pool):
@@ -269,12 +277,24 @@ def test_the_seccomp_filter_refuses_what_it_says_and_nothing_else():
 
 
 def test_the_seccomp_filter_holds_inside_the_sandbox(pool):
+    """Keys, IPC, and signals or limits aimed at the harness (pid 2, or the fork server's child) are refused."""
     src = ("import ctypes, os, resource\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
            "out.append(libc.syscall(248, b'user', b'k', b'v', 1, -4) == -1 and ctypes.get_errno())\n"
            "out.append(libc.shmget(0x1234, 4096, 0o1666) == -1 and ctypes.get_errno())\n"
            "for call in (lambda: os.kill(2, 0), lambda: resource.prlimit(2, resource.RLIMIT_NOFILE),\n"
+           "             lambda: os.kill(os.getppid(), 19), lambda: os.kill(-os.getppid(), 19),\n"
            "             lambda: os.sched_setaffinity(2, {0}), lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19)):\n"
            "    try:\n        call()\n        out.append('allowed')\n    except OSError as e:\n        out.append(e.errno)\n"
            "os.kill(os.getpid(), 0)\nprint(out)\n")
     r = pool.run([py_job(src, [{"input": ""}])])[0]
-    assert r.cases[0].stdout.decode().strip() == "[1, 1, 1, 1, 1, 1]", r.cases[0]
+    assert r.cases[0].stdout.decode().strip() == "[1, 1, 1, 1, 1, 1, 1, 1]", r.cases[0]
+
+
+@pytest.mark.parametrize("name", ["assay.sandbox.check", "assay.sandbox.seccomp", "assay.sandbox.forkserver",
+                                  "assay.sandbox.runner", "assay.sandbox.grading", "assay.rewards.code",
+                                  "assay.rewards.code_tests", "assay.rewards.code_datasets"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(name)).failed == 0

@@ -22,8 +22,13 @@ never became callable: it crashed or exited while loading, or lacks the function
 "test_error" (the test cannot run: it does not define `check`, or passes a value that is not
 plain data; the row cannot be scored).
 
-    >>> encode_args((1, [2.5, "x"]), {"k": (None, b"y")})[:1]
-    b'\\xa9'
+    >>> import marshal
+    >>> marshal.loads(encode_args((1, [2.5, "x"]), {"k": (None, b"y")}))
+    ((1, [2.5, 'x']), {'k': (None, b'y')})
+    >>> encode_args((print,), {})
+    Traceback (most recent call last):
+    ...
+    assay.sandbox.check.TestError: the test passes a builtin_function_or_method to the candidate; only plain data can enter the sandbox
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         sc_fd = seccomp.memfd()
         try:
-            for name in ("server.py", "harness.py"):
+            for name in ("server.py", "harness.py", "seccomp.py"):
                 with open(os.path.join(box, name), "wb") as f:
                     f.write(harness_source(name))
                 os.chmod(os.path.join(box, name), 0o644)

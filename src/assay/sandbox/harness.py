@@ -59,6 +59,9 @@ MAX_DEPTH = 200
 _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 4, 36
 _EXCEPTIONS = tuple(c for c in vars(builtins).values() if isinstance(c, type) and issubclass(c, Exception))
 """The real builtin exception classes, taken before any program runs (a program may rebind names)."""
+GUARD = None
+"""Set by the fork server: `GUARD(pid)` loads a seccomp filter on this process that protects `pid`
+(the harness) as the sandbox's own filter protects pid 2. Called in each test's child."""
 
 
 def main():
@@ -266,6 +269,8 @@ def child_setup(in_fd, out_w, err_w, keep, cpu_s, mem_bytes):
         low = fd + 1
     os.closerange(low, 1 << 16)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if GUARD is not None and not GUARD(os.getppid()):
+        os._exit(71)  # the harness could not be protected: run nothing
     limit = max(1, int(cpu_s + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 1))
     resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))

@@ -14,8 +14,13 @@ process of the sandbox inherits it and none can remove it. What it refuses (with
   surface no test program needs);
 - `kill`, `tkill`, `tgkill`, `rt_(tg)sigqueueinfo`, `prlimit64`, `sched_set{param,scheduler,
   affinity,attr}`, `pidfd_open` aimed at pid 1 (bwrap's init) or pid 2 (the harness, or the
-  fork server), at process group -1 or -2; `setpriority` and `ioprio_set` aimed at anything but
-  one process, or at pid 1 or 2. A program may still signal itself and its own children.
+  fork server), at their process groups (-1 is also everyone: refused); `setpriority` and
+  `ioprio_set` aimed at anything but one process, or at pid 1 or 2. A program may still
+  signal itself and its own children.
+
+Under the fork server each program's harness is a fresh process, not pid 2: the harness
+stacks a second filter (`install`, the same rules with its own pid added) on every test's
+process, so a program cannot stop or kill its harness there either.
 
 Only the low 32 bits of an argument are compared: the kernel reads pids and `which` as `int`.
 Syscalls of a foreign ABI (i386 `int 0x80` on x86-64, x32) are refused outright. On an
@@ -49,8 +54,8 @@ DENIED = ("add_key", "request_key", "keyctl", "shmget", "semget", "msgget", "mq_
           "process_madvise", "bpf", "userfaultfd", "perf_event_open", "io_uring_setup", "io_uring_enter",
           "io_uring_register")
 """Syscalls refused whatever their arguments."""
-PROTECTED = (1, 2, 0xFFFFFFFF, 0xFFFFFFFE)
-"""Values of a pid argument that are refused: bwrap's init, the harness or fork server, -1, -2."""
+PROTECTED = (1, 2)
+"""Pids no process of the sandbox may aim at: bwrap's init, and the harness or fork server."""
 PID_FIRST = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64", "sched_setparam",
              "sched_setscheduler", "sched_setaffinity", "sched_setattr", "pidfd_open")
 """Syscalls whose first argument is a pid (or tgid) that must not be a protected one."""
@@ -71,26 +76,33 @@ def _arg(i: int) -> int:
     return 16 + 8 * i
 
 
+def _pid_values(pids: tuple[int, ...]) -> tuple[int, ...]:
+    """Pid arguments that reach `pids`: each pid, its process group (-pid), and -1 (everyone)."""
+    return tuple(dict.fromkeys([*pids, *(-p & 0xFFFFFFFF for p in pids), 0xFFFFFFFF]))
+
+
 def _refuse_values(values: tuple[int, ...]) -> list[bytes]:
     """With A loaded: refuse if A is one of `values`, else allow."""
     out = [_ins(_JEQ, v, jt=len(values) - i, jf=0) for i, v in enumerate(values)]
     return out + [_ins(_RET, _ALLOW), _ins(_RET, _EPERM)]
 
 
-def _rule(name: str) -> list[bytes]:
+def _rule(name: str, pids: tuple[int, ...]) -> list[bytes]:
     """The instructions that decide one syscall (A holds the syscall number on entry)."""
     if name in DENIED:
-        body = [_ins(_RET, _EPERM)]
-    elif name in PID_FIRST:
-        body = [_ins(_LD, _arg(0))] + _refuse_values(PROTECTED)
-    else:
-        body = [_ins(_LD, _arg(0)), _ins(_JEQ, WHICH_WHO[name], jt=1, jf=0), _ins(_RET, _EPERM),
-                _ins(_LD, _arg(1))] + _refuse_values(PROTECTED[:2])
-    return body
+        return [_ins(_RET, _EPERM)]
+    if name in PID_FIRST:
+        return [_ins(_LD, _arg(0))] + _refuse_values(_pid_values(pids))
+    return [_ins(_LD, _arg(0)), _ins(_JEQ, WHICH_WHO[name], jt=1, jf=0), _ins(_RET, _EPERM),
+            _ins(_LD, _arg(1))] + _refuse_values(pids)
 
 
-def program(machine: str | None = None) -> bytes | None:
-    """The filter as raw `struct sock_filter` bytes for bwrap `--seccomp`, or None (no table)."""
+def program(machine: str | None = None, pids: tuple[int, ...] = PROTECTED) -> bytes | None:
+    """The filter as raw `struct sock_filter` bytes (for bwrap `--seccomp`), or None (no table).
+
+    `pids` are the processes (and their groups) nothing under the filter may signal, re-limit
+    or re-schedule.
+    """
     machine = machine or os.uname().machine
     if machine not in _ARCH:
         return None
@@ -99,9 +111,28 @@ def program(machine: str | None = None) -> bytes | None:
             _ins(_LD, 0), _ins(_JGE, _X32_BIT, jt=0, jf=1), _ins(_RET, _EPERM)]
     rules: list[bytes] = []
     for name in DENIED + PID_FIRST + tuple(WHICH_WHO):
-        body = _rule(name)
+        body = _rule(name, pids)
         rules += [_ins(_JEQ, _NR[name][col], jt=0, jf=len(body))] + body
     return b"".join(head + rules + [_ins(_RET, _ALLOW)])
+
+
+def install(prog: bytes) -> bool:
+    """Load `prog` on this process (and its future children) with prctl; True when loaded.
+
+    Filters stack: one added here only refuses more than the sandbox's own. Standard
+    library only, so the fork server can use it inside the sandbox.
+    """
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
 def memfd() -> int | None:

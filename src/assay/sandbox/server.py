@@ -19,7 +19,8 @@ programs commonly use, freezes the heap, and then serves one program at a time:
 
 All blockable signals are blocked here, so a program can only SIGKILL or SIGSTOP the server
 (the seccomp filter refuses even those, and rlimit and scheduling calls aimed at pid 2); the
-worker restarts a server that dies or stops answering. The server is non-dumpable: no
+worker restarts a server that dies or stops answering. Each test's process also gets a
+stacked filter that protects its own harness the same way (`harness.GUARD`). The server is non-dumpable: no
 program can ptrace it, read its memory or open its descriptors.
 """
 
@@ -36,6 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import seccomp  # noqa: E402
 
 sys.path.pop(0)
 
@@ -103,12 +105,21 @@ def job_child(ctrl, fds):
             job = marshal.loads(f.read())
         os.setpgid(0, 0)
         os.chdir("/tmp")
+        harness.GUARD = guard(os.getpid())
         harness.run(job, chan, tuple(rpc))
     except BaseException:
         harness.print_exception()
         code = 1
     finally:
         os._exit(code)
+
+
+def guard(me):
+    """What each test's process runs first: a stacked filter protecting its harness `me` too."""
+    prog = seccomp.program(pids=(1, 2, me))
+    if prog is None:
+        return None
+    return lambda parent: parent == me and seccomp.install(prog)
 
 
 def clean():
