@@ -1,6 +1,7 @@
 """Throughput of the sandbox, old path against new, in one run: trivial and HumanEval programs.
 
     python benchmarks/sandbox_throughput.py [--repeats 3] [--programs 200] [--workers 1 2] [--json out.json]
+    python benchmarks/sandbox_throughput.py --cost 200     # per-program cost, one sandbox, no pool
 
 For each path (`fresh`: a new bwrap sandbox per program; `forkserver`: one pre-loaded
 interpreter per worker that forks a child per program) and each worker count, it scores
@@ -16,6 +17,10 @@ processes falls on old and new alike, and the median of `--repeats` rounds is re
 the range. Per-program cost is the median wall time per program with one worker. A
 reference line times HumanEval's programs run bare (`python3 -I -c program+test`, no
 sandbox, as many at a time as the largest worker count).
+
+`--cost N` times N trivial programs one at a time on one `ForkServer` and on fresh sandboxes
+in this process (no pool, no reward): the median wall time per program, the part of it the
+test's own process took (fork to reap, as the harness measures it), and a server's start.
 """
 
 from __future__ import annotations
@@ -110,13 +115,44 @@ def report(runs: dict[str, list[float]], args: argparse.Namespace) -> None:
                 print(f"speed-up {kind} w={w}: {statistics.median(new) / statistics.median(old):.1f}x")
 
 
+def cost(n: int) -> None:
+    """Median per-program wall time on one fork server and on fresh sandboxes, one at a time."""
+    from assay.sandbox import Job, isolation, language
+    from assay.sandbox.forkserver import ForkServer
+    from assay.sandbox.runner import run_job
+
+    iso = isolation.detect()
+    uid, _ = isolation.claim_slot_uid()
+    isolation.become_subreaper()
+    jobs = [Job(language("python"), TRIVIAL, "stdio", [{"input": str(i)}]) for i in range(n)]
+    server = ForkServer(iso, uid)
+    start = time.perf_counter()
+    server.run(jobs[0])
+    first = time.perf_counter() - start
+    for name, run in (("fork server", server.run), ("fresh sandbox", lambda j: run_job(j, iso, uid))):
+        walls, cases = [], []
+        for job in jobs if name == "fork server" else jobs[: max(20, n // 5)]:
+            t0 = time.perf_counter()
+            result = run(job)
+            walls.append(time.perf_counter() - t0)
+            cases.append(result.cases[0].wall)
+        print(f"{name:<14} {1000 * statistics.median(walls):6.2f} ms/program, of which the test's process "
+              f"{1000 * statistics.median(cases):5.2f} ms ({len(walls)} programs)")
+    print(f"fork server start and its first program: {1000 * first:.1f} ms")
+    server.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--programs", type=int, default=200, help="trivial programs per measurement")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--json", help="also write the raw figures here")
+    ap.add_argument("--cost", type=int, default=0, help="time this many programs one at a time instead")
     args = ap.parse_args()
+    if args.cost:
+        cost(args.cost)
+        return
     runs = measure(args)
     report(runs, args)
     if args.json:

@@ -19,7 +19,7 @@ process of the sandbox inherits it and none can remove it. What it refuses (with
   signal itself and its own children.
 
 Under the fork server each program's harness is a fresh process, not pid 2: the harness
-stacks a second filter (`install`, the same rules with its own pid added) on every test's
+stacks a second filter (`loader`, the same rules with its own pid added) on every test's
 process, so a program cannot stop or kill its harness there either.
 
 Only the low 32 bits of an argument are compared: the kernel reads pids and `which` as `int`.
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Callable
 
 _ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _NR = {  # (x86_64, aarch64); from <asm/unistd_64.h> and <asm-generic/unistd.h>
@@ -116,23 +117,48 @@ def program(machine: str | None = None, pids: tuple[int, ...] = PROTECTED) -> by
     return b"".join(head + rules + [_ins(_RET, _ALLOW)])
 
 
-def install(prog: bytes) -> bool:
-    """Load `prog` on this process (and its future children) with prctl; True when loaded.
+def loader(prog: bytes) -> Callable[[], bool]:
+    """A function that loads `prog` on the calling process (and its future children); True when loaded.
 
-    Filters stack: one added here only refuses more than the sandbox's own. Standard
-    library only, so the fork server can use it inside the sandbox.
+    Everything is prepared here, so the returned function only makes the two prctl calls: a
+    process can prepare once and let each of its forked children load. Filters stack: one
+    added this way only refuses more than the sandbox's own. Standard library only, so the
+    fork server can use it inside the sandbox.
     """
     import ctypes
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    libc = ctypes.CDLL(None, use_errno=True)
+    sock_fprog, prctl = _ctypes_parts()
     buf = ctypes.create_string_buffer(prog, len(prog))
-    fprog = SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        return False
-    return libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    fprog = sock_fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    ref = ctypes.byref(fprog)
+
+    def load() -> bool:
+        _keep = buf  # noqa: F841  (the filter's bytes live as long as the loader)
+        if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            return False
+        return prctl(22, 2, ref, 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+    return load
+
+
+_PARTS: list = []
+
+
+def warm() -> None:
+    """Make the ctypes parts `loader` needs now (a fork server does it once, before forking)."""
+    _ctypes_parts()
+
+
+def _ctypes_parts() -> tuple[type, Callable[..., int]]:
+    """`struct sock_fprog` and libc's prctl, made once per process."""
+    if not _PARTS:
+        import ctypes
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        _PARTS.extend((SockFprog, ctypes.CDLL(None, use_errno=True).prctl))
+    return _PARTS[0], _PARTS[1]
 
 
 def memfd() -> int | None:

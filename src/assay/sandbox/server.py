@@ -90,6 +90,7 @@ def setup(ceilings):
     for name in PRELOAD:
         __import__(name)
     harness.json = sys.modules["json"]
+    seccomp.warm()
     gc.collect()
     gc.freeze()
 
@@ -119,7 +120,8 @@ def guard(me):
     prog = seccomp.program(pids=(1, 2, me))
     if prog is None:
         return None
-    return lambda parent: parent == me and seccomp.install(prog)
+    load = seccomp.loader(prog)
+    return lambda parent: parent == me and load()
 
 
 def clean():
