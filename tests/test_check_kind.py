@@ -8,7 +8,6 @@ MBPP and APPS mappings. Tests that run programs run on both sandbox paths.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -192,7 +191,10 @@ HELPER_TAMPERINGS = ("redefine_poly", "redefine_encode_cyclic", "redefine_encode
 
 
 def upstream_passes(problem: dict, program: str) -> bool:
-    """HumanEval's own rule: the program, the test and `check(entry_point)` in one namespace."""
+    """HumanEval's own rule: the program, the test and `check(entry_point)` in one namespace.
+
+    Run outside the sandbox: only for the benign tampered programs written in this file.
+    """
     source = program + "\n" + problem["test"] + f"\ncheck({problem['entry_point']})\n"
     return subprocess.run([sys.executable, "-I", "-c", source], capture_output=True, timeout=60).returncode == 0
 
@@ -239,9 +241,9 @@ def test_mbpp_and_apps_rows_map_onto_check_and_stdio_tests(reward):
     assert mbpp_tests({"test_list": ["assert f(1) == 1"]})["entry_point"] == "f"
 
 
-def test_the_mapping_of_mbpp_needs_one_function(tmp_path):
+def test_the_mapping_of_mbpp_needs_one_function():
     from assay.errors import AssayError
 
     with pytest.raises(AssayError, match="entry_point"):
         mbpp_tests({"test_list": ["assert f(1) == g(1)"]})
-    assert os.path.basename(__file__) == "test_check_kind.py"
+    assert mbpp_tests({"test_list": ["assert f(1) == g(1)"], "entry_point": "f"})["entry_point"] == "f"
