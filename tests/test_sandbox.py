@@ -229,7 +229,8 @@ def test_a_test_s_daemons_do_not_survive_into_the_next_test(pool):
 
 def test_a_call_or_expression_without_a_result_reports_none_not_empty(pool):
     """The harness sends "no result" (None) when the process ends before answering."""
-    enders = ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit", "import os\nos.closerange(3, 1024)", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    enders = ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit", "import os\nos.closerange(3, 1024)",
+              "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
               "import os\nos.execv('/usr/bin/true', ['true'])"]
     jobs = [py_job(src + "\ndef f(x):\n    return x", [{"args": [1]}], "call", fn="f") for src in enders]
     jobs += [py_job(src + "\ndef f(x):\n    return x", [{"exprs": ["f(1)"]}], "exprs") for src in enders]
