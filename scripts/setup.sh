@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Set up assay in ./.venv: the CPU build of torch first (a plain `torch` from PyPI pulls
-# several GB of CUDA libraries), then the package with its test extras, then the sandbox
-# that code rewards run in. Safe to run again; it only installs what is missing.
+# several GB of CUDA libraries), then the package with its test extras (and HumanEval, for
+# the code reward's tests), then the sandbox that code rewards run in. Safe to run again; it
+# only installs what is missing. Exits non-zero when the sandbox cannot be installed, unless
+# you chose to go without it (code rewards will then refuse to run).
 #
-#   scripts/setup.sh            # CPU machine (default)
-#   ASSAY_TORCH=cuda scripts/setup.sh   # a GPU machine: let pip choose the CUDA build
+#   scripts/setup.sh                     # CPU machine (default)
+#   ASSAY_TORCH=cuda scripts/setup.sh    # a GPU machine: let pip choose the CUDA build
+#   ASSAY_NO_SANDBOX=1 scripts/setup.sh  # no code sandbox (bubblewrap) on this machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +34,12 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
 fi
 
 echo "installing assay ..." >&2
-"${PIP[@]}" install -e '.[test]'
+"${PIP[@]}" install -e '.[test,humaneval]'
 
-if [ -x scripts/install-sandbox.sh ]; then
-  scripts/install-sandbox.sh || echo "warning: the code sandbox could not be installed; code rewards will refuse to run" >&2
+if [ "${ASSAY_NO_SANDBOX:-0}" = 1 ]; then
+  echo "warning: ASSAY_NO_SANDBOX=1: no code sandbox installed; code rewards will refuse to run" >&2
+elif ! bash scripts/install-sandbox.sh; then
+  echo "setup: the code sandbox (bubblewrap) could not be installed (see above); fix that, or run ASSAY_NO_SANDBOX=1 scripts/setup.sh to set up without it" >&2
+  exit 1
 fi
 echo "ready: .venv/bin/assay" >&2

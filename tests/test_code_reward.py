@@ -1,25 +1,24 @@
 """The `code` reward: extraction, test kinds, scoring modes, and the security suite.
 
 Each attack in the security suite must earn nothing and leave the host unharmed: no
-process of a sandbox uid survives, planted host files are unread and unchanged, nothing is
-written outside the scratch directory, and the pool still scores an honest program.
+process of a sandbox uid survives (an idle fork server aside), planted host files are
+unread and unchanged, nothing is written outside the scratch directory, and the pool still
+scores an honest program. Every test that runs programs runs twice: with the fork server
+(the default) and with a fresh bwrap sandbox per program.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from assay.errors import AssayError
+from _sandbox import require_sandbox, slot_leftovers
 from assay.rewards.base import REWARDS
 from assay.rewards.code import CodeReward, extract_code
-from assay.sandbox import isolation
 from assay.types import Sample, Trajectory
 
 SECRET = "assay-host-secret-7d1f"
@@ -28,6 +27,8 @@ os.environ.setdefault("ASSAY_TEST_SECRET", SECRET)
 ADD_STDIO = {"kind": "stdio", "cases": [{"input": "1 2\n", "output": "3\n"}, {"input": "20 22\n", "output": "42\n"}]}
 ADD_CALL = {"kind": "call", "fn": "add", "cases": [{"args": [1, 2], "expected": 3}, {"args": [20, 22], "expected": 42}]}
 ADD_ASSERT = {"kind": "assert", "cases": ["assert add(1, 2) == 3", "assert add(20, 22) == 42"]}
+ADD_CHECK = {"kind": "check", "entry_point": "add",
+             "test": "def check(candidate):\n    for a, b in [(1, 2), (20, 22)]:\n        assert candidate(a, b) == a + b\n"}
 HONEST = ("def add(a, b):\n    return a + b\n\n"
           "if __name__ == '__main__':\n    a, b = map(int, input().split())\n    print(add(a, b))\n")
 
@@ -40,50 +41,27 @@ def traj(completion: str, tests, sid: str = "p0", **fields) -> Trajectory:
     return Trajectory(Sample(sid, "add two numbers", None, {"tests": tests, **fields}), completion, [], [], [], True)
 
 
-def sandbox_or_skip() -> None:
-    """Use the sandbox; install it once with the project's script if missing; skip only if that fails."""
-    try:
-        isolation.detect()
-        return
-    except AssayError:
-        pass
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "install-sandbox.sh")
-    proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHON": sys.executable})
-    try:
-        isolation.detect()
-    except AssayError as e:
-        pytest.skip(f"no sandbox and scripts/install-sandbox.sh could not install one: {e}; {proc.stderr[-300:]}")
+@pytest.fixture(scope="module", params=[True, False], ids=["forkserver", "fresh"])
+def fork_server(request):
+    require_sandbox()
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def reward():
-    sandbox_or_skip()
-    return CodeReward(mode="all", cpu_s=1.0)
+def reward(fork_server):
+    return CodeReward(mode="all", cpu_s=1.0, fork_server=fork_server)
 
 
 @pytest.fixture(scope="module")
-def attack_reward(reward):
-    return CodeReward(mode="all", cpu_s=0.5)
-
-
-def slot_processes() -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        try:
-            if name.isdigit() and os.stat(f"/proc/{name}").st_uid in range(
-                    isolation.UID_BASE, isolation.UID_BASE + isolation.UID_COUNT):
-                pids.append(int(name))
-        except OSError:
-            pass
-    return pids
+def attack_reward(fork_server):
+    return CodeReward(mode="all", cpu_s=0.5, fork_server=fork_server)
 
 
 def assert_host_unharmed(reward: CodeReward) -> None:
     deadline = time.monotonic() + 3
-    while slot_processes() and time.monotonic() < deadline:
+    while slot_leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert slot_processes() == [], "a sandboxed process outlived its run"
+    assert slot_leftovers() == [], "a sandboxed process outlived its run"
     assert reward([traj(fenced(HONEST), ADD_STDIO)])[0].score == 1.0, "the pool no longer scores honest code"
 
 
@@ -105,9 +83,10 @@ def test_extraction_takes_the_last_block_of_the_language():
 
 
 def test_honest_solution_passes_every_test_kind(reward):
-    out = reward([traj(fenced(HONEST), t) for t in (ADD_STDIO, ADD_CALL, ADD_ASSERT)])
-    assert [r.score for r in out] == [1.0, 1.0, 1.0]
-    assert all(r.info["stage"] == "pass" and r.info["passed"] == [True, True] for r in out)
+    out = reward([traj(fenced(HONEST), t) for t in (ADD_STDIO, ADD_CALL, ADD_ASSERT, ADD_CHECK)])
+    assert [r.score for r in out] == [1.0, 1.0, 1.0, 1.0]
+    assert all(r.info["stage"] == "pass" and r.info["passed"] == [True, True] for r in out[:3])
+    assert out[3].info["passed"] == [True]  # a check function is one test
 
 
 def test_stages_and_pass_vector(reward):
@@ -226,8 +205,9 @@ ATTACKS = {
     "write_system_dirs": attack("for p in ('/usr/evil', '/usr/bin/python3', '/box/main.py', '/box/harness.py'):\n"
                                 "    try:\n        open(p, 'ab').write(b'#')\n        won = True\n    except OSError:\n"
                                 "        pass"),
-    "kill_parent": attack("import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n"
-                          "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nwon = True"),
+    "kill_parent": attack("import os, signal\nfor pid in (os.getppid(), 1, 2, -1):\n    try:\n"
+                          "        os.kill(pid, signal.SIGKILL)\n        won = True\n    except OSError:\n"
+                          "        pass"),
     "env_secret": attack("import os\nwon = os.environ.get('ASSAY_TEST_SECRET') is not None or "
                          "any(b'ASSAY_TEST_SECRET' in open(f'/proc/{p}/environ', 'rb').read() "
                          "for p in os.listdir('/proc') if p.isdigit())"),
@@ -266,13 +246,31 @@ ATTACKS = {
 }
 
 
+ATTACKS.update({
+    "poison_fork_server": attack("import os, resource, signal\nfor pid in (1, 2, -1, -2):\n"
+                                 "    for act in (lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (4, 4)),\n"
+                                 "                lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),\n"
+                                 "                lambda: os.sched_setaffinity(pid, {0}),\n"
+                                 "                lambda: os.kill(pid, signal.SIGSTOP)):\n"
+                                 "        try:\n            act()\n            won = True\n"
+                                 "        except (OSError, ValueError):\n            pass\n"
+                                 "try:\n    os.setpriority(os.PRIO_USER, os.getuid(), 19)\n    won = True\n"
+                                 "except OSError:\n    pass"),
+    "keyrings_and_ipc": attack("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                               "won = libc.syscall(248, b'user', b'leak', b'x', 1, -4) > 0 or "
+                               "libc.shmget(0x5eed, 4096, 0o1666) >= 0 or libc.semget(0x5eed, 1, 0o1666) >= 0 or "
+                               "libc.msgget(0x5eed, 0o1666) >= 0"),
+})
+
+
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_earns_nothing_and_the_host_is_unharmed(reward, attack_reward, name):
     start = time.monotonic()
     code = ATTACKS[name]
     kinds = [{**t, "cases": t["cases"][1:]} for t in (ADD_STDIO, ADD_CALL, ADD_ASSERT)]  # 1 case each: fast
+    kinds.append({**ADD_CHECK, "test": "def check(candidate):\n    assert candidate(20, 22) == 42\n"})
     out = attack_reward([traj(fenced(code), t) for t in kinds])
-    assert [r.score for r in out] == [0.0, 0.0, 0.0], [r.info for r in out]
+    assert [r.score for r in out] == [0.0, 0.0, 0.0, 0.0], [r.info for r in out]
     assert all(r.error is None for r in out)
     assert time.monotonic() - start < 30
     assert_host_unharmed(reward)

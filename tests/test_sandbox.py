@@ -1,39 +1,28 @@
-"""assay.sandbox: isolation detection and opt-out, the runner's limits, the pool, grading helpers."""
+"""assay.sandbox: isolation detection and opt-out, the runner's limits, the pool, grading helpers.
+
+Tests that run programs use the `pool` fixture, once with a fresh bwrap sandbox per program
+and once with the fork server: both paths must behave the same.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import struct
 import time
 
 import pytest
 
+from _sandbox import require_sandbox
 from assay.errors import AssayError
-from assay.sandbox import Job, Limits, SandboxPool, WorkerPool, grading, isolation, language
+from assay.sandbox import Job, Limits, SandboxPool, WorkerPool, grading, isolation, language, seccomp
 from assay.sandbox.runner import parse_records, run_job
 
 
-def sandbox_or_skip() -> None:
-    """Use the sandbox; install it once with the project's script if missing; skip only if that fails."""
-    try:
-        isolation.detect()
-        return
-    except AssayError:
-        pass
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "install-sandbox.sh")
-    proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHON": sys.executable})
-    try:
-        isolation.detect()
-    except AssayError as e:
-        pytest.skip(f"no sandbox and scripts/install-sandbox.sh could not install one: {e}; {proc.stderr[-300:]}")
-
-@pytest.fixture(scope="module")
-def pool():
-    sandbox_or_skip()
-    p = SandboxPool(workers=2)
+@pytest.fixture(scope="module", params=[False, True], ids=["fresh", "forkserver"])
+def pool(request):
+    require_sandbox()
+    p = SandboxPool(workers=2, fork_server=request.param)
     yield p
     p.close()
 
@@ -73,7 +62,7 @@ def test_opt_out_still_runs_programs_with_limits():
 
 
 def test_bwrap_is_found_and_works():
-    sandbox_or_skip()
+    require_sandbox()
     iso = isolation.detect()
     assert iso.kind == "bwrap" and isolation.probe_bwrap(str(iso.bwrap)) == ""
 
@@ -105,15 +94,37 @@ def test_the_sandbox_sees_no_host_files_network_or_environment(pool):
     assert lines[3] == "['lo']"
 
 
-def test_cpu_limit_output_cap_and_memory_limit(pool):
+def cpu_share(pool) -> float:
+    """The share of a core a sandboxed process gets right now: CPU seconds per wall second of a busy loop."""
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass"
+    rec = pool.run([py_job(busy, [{"input": ""}])])[0].cases[0]
+    return min(1.0, rec.cpu / rec.wall)
+
+
+def test_cpu_limit_ends_the_run_by_sigxcpu_within_one_and_a_half_times_the_limit(pool):
+    """Issue 21: the CPU limit is asserted by its own signal, and the run ends within ~1.5x the limit.
+
+    The run's wall time is the harness's own clock for the test's process. On a machine
+    busy with other work a process gets less than a core, so the bound is 1.5x the limit in
+    the CPU time the machine gives: divided by the share a calibration loop got just before.
+    """
+    limit, runs = 1.0, []
+    for _ in range(3):
+        share = cpu_share(pool)
+        rec = pool.run([py_job("while True: pass", [{"input": ""}], limits=Limits(cpu_s=limit))])[0].cases[0]
+        assert rec.status == "signal" and rec.sig == 24, rec  # SIGXCPU, not the wall clock
+        assert 0.9 * limit <= rec.cpu <= 1.5 * limit
+        runs.append((rec.wall, share))
+        if rec.wall <= 1.5 * limit / share:
+            break
+    assert any(wall <= 1.5 * limit / share for wall, share in runs), runs
+
+
+def test_output_cap_and_memory_limit(pool):
     lim = Limits(cpu_s=1.0, output_bytes=1000, memory_mb=256)
-    jobs = [py_job("while True: pass", [{"input": ""}], limits=lim),
-            py_job("while True: print('x' * 100)", [{"input": ""}], limits=lim),
+    jobs = [py_job("while True: print('x' * 100)", [{"input": ""}], limits=lim),
             py_job("a = bytearray(1 << 30)\nprint('allocated')", [{"input": ""}], limits=lim)]
-    start = time.monotonic()
-    loop, flood, mem = pool.run(jobs)
-    assert time.monotonic() - start < 10
-    assert loop.cases[0].sig == 24 or loop.cases[0].status == "timeout"  # SIGXCPU
+    flood, mem = pool.run(jobs)
     assert flood.cases[0].status == "output_limit" and len(flood.cases[0].stdout) <= 1000
     assert mem.cases[0].status == "exit" and "MemoryError" in mem.cases[0].stderr
 
@@ -214,3 +225,77 @@ def test_a_test_s_daemons_do_not_survive_into_the_next_test(pool):
     r = pool.run([py_job(src, [{"input": "spawn"}, {"input": "look"}])])[0]
     first, second = (int(c.stdout) for c in r.cases)
     assert first == second + 1  # bwrap's init, the harness, the test: the daemon is gone
+
+
+def test_a_call_or_expression_without_a_result_reports_none_not_empty(pool):
+    """The harness sends "no result" (None) when the process ends before answering."""
+    enders = ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit", "import os\nos.closerange(3, 1024)",
+              "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+              "import os\nos.execv('/usr/bin/true', ['true'])"]
+    jobs = [py_job(src + "\ndef f(x):\n    return x", [{"args": [1]}], "call", fn="f") for src in enders]
+    jobs += [py_job(src + "\ndef f(x):\n    return x", [{"exprs": ["f(1)"]}], "exprs") for src in enders]
+    for r in pool.run(jobs):
+        assert r.cases[0].result is None, r.cases[0]
+    ok = pool.run([py_job("def f(x):\n    return x", [{"args": [1]}], "call", fn="f")])[0]
+    assert ok.cases[0].result == "1"
+
+
+# --- the seccomp filter, read by a small BPF interpreter ----------------------------------
+
+
+def run_filter(prog: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC000003E) -> str:
+    """Execute a classic-BPF seccomp program on one syscall; "allow" or "eperm"."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, *(list(a & (2**64 - 1) for a in args) + [0] * (6 - len(args))))
+    ins = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = ins[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("=I", data, k)[0]
+        elif code in (0x15, 0x35):  # jeq / jge
+            hit = acc == k if code == 0x15 else acc >= k
+            pc += jt if hit else jf
+        elif code == 0x06:
+            return {0x7FFF0000: "allow", 0x00050001: "eperm"}[k]
+        pc += 1
+
+
+def test_the_seccomp_filter_refuses_what_it_says_and_nothing_else():
+    prog = seccomp.program("x86_64")
+    kill, keyctl, prlimit, setprio, getpid, write, tgkill = 62, 250, 302, 141, 39, 1, 234
+    assert run_filter(prog, keyctl, (1, 2)) == "eperm"
+    assert run_filter(prog, kill, (2, 9)) == run_filter(prog, kill, (1, 9)) == "eperm"
+    assert run_filter(prog, kill, (-1, 9)) == run_filter(prog, kill, (-2, 9)) == "eperm"
+    assert run_filter(prog, kill, (3, 9)) == run_filter(prog, kill, (0, 9)) == "allow"
+    assert run_filter(prog, tgkill, (2, 2, 19)) == "eperm" and run_filter(prog, tgkill, (5, 5, 19)) == "allow"
+    assert run_filter(prog, prlimit, (2, 7, 0, 0)) == "eperm" and run_filter(prog, prlimit, (0, 7, 0, 0)) == "allow"
+    assert run_filter(prog, setprio, (2, 61000, 19)) == "eperm"  # PRIO_USER: every process of the uid
+    assert run_filter(prog, setprio, (0, 2, 19)) == "eperm" and run_filter(prog, setprio, (0, 0, 19)) == "allow"
+    assert run_filter(prog, getpid) == run_filter(prog, write, (1, 0, 0)) == "allow"
+    assert run_filter(prog, kill, (3, 9), arch=0x40000003) == "eperm"  # i386 ABI from a 64-bit process
+    assert run_filter(prog, 0x40000000 | write, (1,)) == "eperm"  # x32 ABI
+    assert seccomp.program("riscv64") is None
+
+
+def test_the_seccomp_filter_holds_inside_the_sandbox(pool):
+    """Keys, IPC, and signals or limits aimed at the harness (pid 2, or the fork server's child) are refused."""
+    src = ("import ctypes, os, resource\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
+           "out.append(libc.syscall(248, b'user', b'k', b'v', 1, -4) == -1 and ctypes.get_errno())\n"
+           "out.append(libc.shmget(0x1234, 4096, 0o1666) == -1 and ctypes.get_errno())\n"
+           "for call in (lambda: os.kill(2, 0), lambda: resource.prlimit(2, resource.RLIMIT_NOFILE),\n"
+           "             lambda: os.kill(os.getppid(), 19), lambda: os.kill(-os.getppid(), 19),\n"
+           "             lambda: os.sched_setaffinity(2, {0}), lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19)):\n"
+           "    try:\n        call()\n        out.append('allowed')\n    except OSError as e:\n        out.append(e.errno)\n"
+           "os.kill(os.getpid(), 0)\nprint(out)\n")
+    r = pool.run([py_job(src, [{"input": ""}])])[0]
+    assert r.cases[0].stdout.decode().strip() == "[1, 1, 1, 1, 1, 1, 1, 1]", r.cases[0]
+
+
+@pytest.mark.parametrize("name", ["assay.sandbox.check", "assay.sandbox.seccomp", "assay.sandbox.forkserver",
+                                  "assay.sandbox.runner", "assay.sandbox.grading", "assay.rewards.code",
+                                  "assay.rewards.code_tests", "assay.rewards.code_datasets"])
+def test_docstring_examples(name):
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(name)).failed == 0

