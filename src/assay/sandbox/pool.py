@@ -4,7 +4,7 @@
 so a trainer's threads and CUDA state are never forked). Each job has a deadline: a worker
 that does not answer in time, or dies, is killed and replaced, and that job gets a
 `WorkerFailure`; the batch goes on. `SandboxPool` is a `WorkerPool` whose workers each own
-one slot uid and are child-subreapers (research/verifiers.md §1: zombies of the sandbox's
+one slot uid and are child-subreapers (measured on these machines: zombies of the sandbox's
 init otherwise pile up and exhaust `RLIMIT_NPROC`).
 
     >>> pool = WorkerPool("operator:neg", workers=1)
@@ -197,7 +197,7 @@ class SandboxPool:
 def default_workers(limits: Limits | None = None) -> int:
     """Two slots per usable core (a sandbox spends much of its life waiting on the kernel), but
     no more than keep slots × nproc × memory within 80 % of RAM, the worst case of a fork and
-    memory bomb in every slot at once (research/verifiers.md §2.4)."""
+    memory bomb in every slot at once."""
     lim = limits or Limits()
     ram_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
     by_memory = int(0.8 * ram_mb // (lim.nproc * lim.memory_mb))
