@@ -21,12 +21,16 @@ class Sample:
         prompt: the text given to the policy.
         answer: the reference answer (may be None for tasks without one).
         fields: any other dataset columns, by name (for example `nums`, `target`, `tests`).
+        prompt_ids: the exact token ids to give the policy, when they are already known (a
+            multi-turn episode's next turn); None: the sampler encodes `prompt`
+            (`assay.rollout.base.encode_prompt`).
     """
 
     id: str
     prompt: str
     answer: Any = None
     fields: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] | None = None
 
 
 @dataclass

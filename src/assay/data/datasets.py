@@ -168,14 +168,19 @@ class PromptLimit:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def one(self, s: Sample, where: str) -> Sample | None:
-        if not isinstance(s.prompt, str) or self._length(s.prompt) <= self.max_tokens:
+        from assay.rollout.base import encode_prompt
+
+        n = len(encode_prompt(self.tokenizer, s))
+        if n <= self.max_tokens:
             return s
         if self.policy == "error":
-            n = self._length(s.prompt)
             raise AssayError(f"{where} id {s.id!r}: the prompt is {n} tokens; the model takes {self.context} positions, so with "
                              f"rollout.max_new_tokens a prompt may have at most {self.max_tokens} (shorten it, or set data.overlong=drop or truncate)")
         if self.policy == "drop":
             return None
+        if not isinstance(s.prompt, str) or s.prompt_ids is not None:
+            raise AssayError(f"{where} id {s.id!r}: the prompt is {n} tokens (at most {self.max_tokens}) and only a plain-text prompt "
+                             "can be truncated (set data.overlong=drop)")
         return dataclasses.replace(s, prompt=self._tail(s.prompt))
 
     def _tail(self, text: str) -> str:

@@ -88,6 +88,17 @@ def make_sampler(backend: str, model: Any, tokenizer: Any, rollout: Any = None, 
     return check_backend(backend)(model, tokenizer, rollout, device)
 
 
+def encode_prompt(tokenizer: Any, sample: Sample) -> list[int]:
+    """The token ids a sampler gives the policy for `sample`: its `prompt_ids` when set, else its prompt encoded.
+
+    Every backend and every length check goes through this one function, so what is
+    measured is what is sampled.
+    """
+    if sample.prompt_ids is not None:
+        return list(sample.prompt_ids)
+    return tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+
+
 def pad_id(tokenizer: Any) -> int:
     """The id that pads batches: the tokenizer's pad token, else its EOS."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from assay.models.llama import supported
-from assay.rollout.base import SAMPLERS, SamplingParams, pad_id
+from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id
 from assay.rollout.decoder import StaticDecoder, hf_prefill
 from assay.types import Sample, Trajectory
 
@@ -121,8 +121,8 @@ class TorchSampler:
         why = supported(self.model) if self.fast else "fast=False"
         return "static" if why is None else f"hf ({why})"
 
-    def encode(self, prompts: list[str]) -> list[list[int]]:
-        return [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    def encode(self, samples: list[Sample]) -> list[list[int]]:
+        return [encode_prompt(self.tokenizer, s) for s in samples]
 
     @torch.no_grad()
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
@@ -130,7 +130,7 @@ class TorchSampler:
         was_training = self.model.training
         if was_training:  # a Hugging Face model's train()/eval() walks every module: ~1 ms, so only when it changes
             self.model.eval()
-        prompt_ids = self.encode([s.prompt for s in samples])
+        prompt_ids = self.encode(samples)
         ids, mask = _left_pad(prompt_ids, self.pad_id)
         fast = self.fast and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
         stepper = StaticDecoder(self.model) if fast else _HFStepper(self.model)
