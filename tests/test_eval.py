@@ -91,3 +91,39 @@ def test_the_trainers_held_out_accuracy_is_evaluate(bundled, tmp_path):
     rows = read_metrics(Trainer(cfg).fit(progress=False).run_dir / "metrics.jsonl")
     want = evaluate(TorchSampler(model, tok), reward, task.heldout(120), 6).accuracy
     assert rows[0]["step"] == 0 and rows[0]["eval/accuracy"] == want > 0
+
+
+def _assay(*args):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_eval_a_data_file_with_the_training_field_mapping_and_any_reward(bundled, tmp_path):
+    model, tok, task, reward = bundled
+    problems = task.heldout(40)
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"q": p.prompt, "sol": p.answer}) + "\n" for p in problems))
+    out = _assay("eval", "--data", str(data), "--fields", "{prompt: q, answer: sol}", "--reward", "{name: arithmetic}", "--k", "0", "--json",
+                 "--workers", "0")
+    want = evaluate(TorchSampler(model, tok), reward, problems, 6).accuracy
+    assert out["data"] == str(data) and out["n"] == 40 and out["accuracy"] == want
+
+
+def test_eval_a_run_on_its_own_held_out_data(tiny_model_dir, tmp_path):
+    from assay.config import load_config
+    from assay.train.rl import Trainer
+
+    rows = [{"question": f"{i}+{i}=", "solution": str(2 * i)} for i in range(60)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=r", "train.steps=1", "data.task=null",
+                             f"data.path={data}", "data.fields={prompt: question, answer: solution}", "reward=arithmetic",
+                             "data.eval_fraction=0.25", "reward_workers=0", "rollout.max_new_tokens=4"])
+    run = Trainer(cfg).fit(progress=False).run_dir
+    out = _assay("eval", "--run", str(run), "--k", "2", "--json", "--workers", "0")
+    assert out["model"] == str(run / "final") and out["run"] == str(run) and out["n"] == 15  # its 25% held out, with its reward
+    assert 0.0 <= out["accuracy"] <= 1.0 and 0.0 <= out["pass@2"] <= 1.0

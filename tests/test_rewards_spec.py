@@ -120,3 +120,11 @@ def test_control_rewards():
 @pytest.mark.parametrize("mod", ["math", "text", "transforms", "monitors", "spec", "executor", "trl_adapter"])
 def test_doctests(mod):
     assert doctest.testmod(importlib.import_module(f"assay.rewards.{mod}")).failed == 0
+
+
+def test_an_inline_yaml_block_is_a_reward_spec():
+    from assay.rewards.spec import build_reward
+
+    assert type(build_reward("{name: math, args: {}}")).__name__ == "MathReward"
+    with pytest.raises(AssayError, match="is not a valid YAML block"):
+        build_reward("{name: math")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from assay.errors import AssayError
 
@@ -49,20 +50,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from assay.data.tasks import make_task
-    from assay.eval.policy import evaluate
-    from assay.models import load_policy
-    from assay.rewards.base import REWARDS
-    from assay.rollout.torch_sampler import TorchSampler
+def _yaml_arg(text: str | None, name: str) -> Any:
+    """A JSON or YAML value given on the command line (`--task-args '{terms: 3}'`)."""
+    import yaml
 
-    task_args = json.loads(args.task_args) if args.task_args else {}
-    task = make_task(args.task, **task_args)
-    model, tok = load_policy(args.model, args.device)
-    reward = REWARDS.get(task.reward)()
-    problems = task.heldout(args.n)
-    r = evaluate(TorchSampler(model, tok, args.device), reward, problems, args.max_new_tokens, k=args.k, seed=args.seed)
-    out = {"model": args.model, "task": args.task, **r.as_dict()}
+    if text is None:
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise AssayError(f"{name}: {text!r} is not valid YAML or JSON: {str(e).splitlines()[0]}") from None
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from assay.eval.run import evaluate_model
+
+    out = evaluate_model(args.model, task=args.task, task_args=_yaml_arg(args.task_args, "--task-args"), data=args.data,
+                         fields=_yaml_arg(args.fields, "--fields"), run=args.run, reward=args.reward, n=args.n, k=args.k,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, backend=args.backend, device=args.device,
+                         seed=args.seed, workers=args.workers)
     if args.json:
         print(json.dumps(out))
     else:
@@ -122,14 +128,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no live progress bar")
     t.set_defaults(fn=cmd_train)
 
-    e = sub.add_parser("eval", help="greedy accuracy, pass@k and length on a task's held-out split")
-    e.add_argument("--model", default="tiny-arith", help="bundled model name or Hugging Face folder")
-    e.add_argument("--task", default="arithmetic", help="built-in task name")
-    e.add_argument("--task-args", default=None, help='task arguments as JSON, for example \'{"terms": 3}\'')
-    e.add_argument("--n", type=int, default=500, help="held-out problems (default 500)")
+    e = sub.add_parser("eval", help="greedy accuracy, pass@k and length on a task's held-out split, a data file, or a run's held-out data")
+    e.add_argument("--model", default=None, help="bundled model name or Hugging Face folder (default: the run's final/ with --run, else tiny-arith)")
+    e.add_argument("--task", default=None, help="built-in task name (default arithmetic)")
+    e.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
+    e.add_argument("--data", default=None, metavar="FILE", help="a JSONL or Parquet file or a datasets folder to evaluate (needs --reward)")
+    e.add_argument("--fields", default=None, help="column mapping for --data, as in training: '{prompt: question, answer: solution}'")
+    e.add_argument("--run", default=None, metavar="RUN_DIR", help="a run folder: evaluate on its own held-out data with its reward")
+    e.add_argument("--reward", default=None, help="a reward name, module:attr, YAML file or inline YAML block (default: the task's or run's)")
+    e.add_argument("--n", type=int, default=500, help="problems (default 500)")
     e.add_argument("--k", type=int, default=8, help="pass@k samples per problem (0: skip; default 8)")
-    e.add_argument("--max-new-tokens", type=int, default=6)
+    e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the pass@k samples (default 1.0)")
+    e.add_argument("--max-new-tokens", type=int, default=None, help="completion length limit (default: the run's, else 6)")
+    e.add_argument("--backend", default="torch", help="generation backend (rollout.backend; default torch)")
     e.add_argument("--device", default="cpu")
+    e.add_argument("--workers", type=int, default=2, help="reward worker processes (0: score in this process)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_eval)

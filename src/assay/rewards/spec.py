@@ -46,7 +46,7 @@ def load_builtins() -> None:
 
 
 def build_reward(spec: str | dict[str, Any] | Reward) -> Reward:
-    """A `Reward` from a registered name, a `module:attr` path, a YAML file path or a block dict."""
+    """A `Reward` from a registered name, a `module:attr` path, a YAML file path, an inline YAML block or a block dict."""
     load_builtins()
     return _build(spec, "reward")
 
@@ -55,6 +55,8 @@ def _build(spec: Any, where: str) -> Reward:
     if isinstance(spec, Reward):
         return spec
     if isinstance(spec, str):
+        if spec.lstrip().startswith("{"):  # an inline YAML block: --reward '{name: code, args: {...}}'
+            return _build(_inline_block(spec, where), where)
         if spec not in REWARDS and ":" not in spec and (spec.endswith((".yaml", ".yml")) or os.path.isfile(spec)):
             return _build(load_block(spec), f"{where} ({spec})")
         spec = {"name": spec}
@@ -151,6 +153,15 @@ def _build_transform(spec: Any, where: str) -> Any:
         return cls(**args)
     except (TypeError, ValueError) as e:
         raise AssayError(f"{where} [{spec['name']}]: {e}") from None
+
+
+def _inline_block(text: str, where: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise AssayError(f"{where}: {text!r} is not a valid YAML block: {str(e).splitlines()[0]}") from None
 
 
 def load_block(path: str) -> Any:
