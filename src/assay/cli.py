@@ -19,30 +19,21 @@ def split_train_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from assay.config import load_config
+    from assay.api import train
     from assay.train.interrupt import Preempted
-    from assay.train.rl import Trainer
-    from assay.train.runs import resume_config
 
     config_path, overrides = split_train_args(args.args)
-    if args.resume:
-        if config_path:
-            raise AssayError(f"--resume continues the run with its own config; drop {config_path!r} (overrides allowed: "
-                             "train.steps, eval/save cadence, threads)")
-        cfg = resume_config(args.resume, overrides)
-    else:
-        cfg = load_config(config_path, overrides)
-    trainer = Trainer(cfg, run_dir=args.resume, resume=bool(args.resume))
-    if trainer.finished:
-        print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
-              "nothing to do (raise train.steps to continue it)", file=sys.stderr)
-        return 0
-    print(f"run folder: {trainer.run_dir}", file=sys.stderr)
+    if args.resume and config_path:
+        raise AssayError(f"--resume continues the run with its own config; drop {config_path!r} (overrides allowed: "
+                         "train.steps, eval/save cadence, threads)")
     try:
-        result = trainer.fit(progress=not args.no_progress)
+        result = train(config_path, *overrides, resume=args.resume, progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
         how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)
-        print(f"assay: {how} at step {trainer.step}; checkpoint saved; continue with: assay train --resume {trainer.run_dir}", file=sys.stderr)
+        if getattr(e, "run_dir", None) is None:  # before the run started: nothing was saved
+            raise
+        print(f"assay: {how} at step {e.step}; checkpoint saved; continue with: assay train --resume {e.run_dir}",  # type: ignore[attr-defined]
+              file=sys.stderr)
         return code
     for k, v in result.final.items():
         print(f"{k}: {v}", file=sys.stderr)
@@ -66,7 +57,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from assay.eval.run import evaluate_model
 
     out = evaluate_model(args.model, task=args.task, task_args=_yaml_arg(args.task_args, "--task-args"), data=args.data,
-                         fields=_yaml_arg(args.fields, "--fields"), run=args.run, reward=args.reward, n=args.n, k=args.k,
+                         fields=_yaml_arg(args.fields, "--fields"), format=args.format, chat=args.chat, system_prompt=args.system_prompt,
+                         chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
+                         chat_template=args.chat_template, run=args.run, reward=args.reward, n=args.n, k=args.k,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, backend=args.backend, device=args.device,
                          seed=args.seed, workers=args.workers)
     if args.json:
@@ -132,8 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", default=None, help="bundled model name or Hugging Face folder (default: the run's final/ with --run, else tiny-arith)")
     e.add_argument("--task", default=None, help="built-in task name (default arithmetic)")
     e.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
-    e.add_argument("--data", default=None, metavar="FILE", help="a JSONL or Parquet file or a datasets folder to evaluate (needs --reward)")
+    e.add_argument("--data", default=None, metavar="FILE", help="a JSONL (or .jsonl.gz) or Parquet file or a datasets folder to evaluate "
+                   "(needs --reward or --format)")
     e.add_argument("--fields", default=None, help="column mapping for --data, as in training: '{prompt: question, answer: solution}'")
+    e.add_argument("--format", default=None, help="the layout of --data: gsm8k, math, mbpp, humaneval, apps (brings its reward; docs/data.md)")
+    e.add_argument("--chat", action="store_true", help="send plain-text prompts as a user message through the model's chat template")
+    e.add_argument("--system-prompt", default=None, help="a system message first in every conversation")
+    e.add_argument("--chat-template-kwargs", default=None, help="chat template arguments as YAML or JSON, for example '{enable_thinking: false}'")
+    e.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template that replaces the tokenizer's")
     e.add_argument("--run", default=None, metavar="RUN_DIR", help="a run folder: evaluate on its own held-out data with its reward")
     e.add_argument("--reward", default=None, help="a reward name, module:attr, YAML file or inline YAML block (default: the task's or run's)")
     e.add_argument("--n", type=int, default=500, help="problems (default 500)")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from assay.errors import AssayError
 
@@ -27,6 +27,9 @@ class ModelConfig(Section):
     """Torch device for the policy: `cpu`, `cuda`, `cuda:1`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype; keep float32 on CPU (bf16 matmul is hundreds of times slower there)."""
+    chat_template: str | None = None
+    """A chat template (a Jinja file, or the template text) that replaces the tokenizer's own;
+    it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
 
 
 class DataConfig(Section):
@@ -41,7 +44,20 @@ class DataConfig(Section):
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when `eval_path` is not given."""
     fields: dict[str, str] = Field(default_factory=dict)
-    """Column mapping, for example `{prompt: question, answer: solution, id: uid}`."""
+    """Column mapping, for example `{prompt: question, answer: solution, id: uid}`; with
+    `format`, the format's own column names: `{question: q}` reads GSM8K's question from `q`."""
+    format: str | None = None
+    """A standard dataset layout (`gsm8k`, `math`, `mbpp`, `humaneval`, `apps`): its columns
+    and answer convention become prompts, references and tests, and its reward is chosen
+    (docs/data.md). Null: rows with `prompt`/`answer`/`id` (renamed with `fields`)."""
+    chat: bool = False
+    """Send a plain-text prompt to the model as one user message through its chat template
+    (conversational rows, whose prompt is a list of messages, always go through it)."""
+    system_prompt: str | None = None
+    """A system message put first in every conversation that has none of its own."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the chat template, for example `{enable_thinking: false}`; a row's
+    own `chat_template_kwargs` column overrides them."""
     overlong: Literal["error", "drop", "truncate"] = "error"
     """A prompt longer than the model's context less `rollout.max_new_tokens`: `error` (one
     line naming it), `drop` it (with a count), or `truncate` it from the left."""
@@ -174,6 +190,15 @@ class OptimConfig(Section):
 class TrainConfig(Section):
     steps: int = Field(200, ge=1)
     """Training steps (one batch of rollouts each)."""
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = Field(default_factory=list)
+    """Experiment trackers that get every metric row, the config and the report's plots, besides
+    `metrics.jsonl` (any of `tensorboard`, `wandb`, `mlflow`, `trackio`; each an optional extra)."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, v: Any) -> Any:
+        """`train.report_to=tensorboard` is the list of that one tracker."""
+        return [v] if isinstance(v, str) else v
     eval_every: int = Field(20, ge=0)
     """Held-out greedy accuracy every this many steps (0: only at the end)."""
     eval_n: int = Field(500, ge=1)
@@ -290,7 +315,10 @@ def explain(err: ValidationError, data: dict[str, Any], root: type[BaseModel] | 
     loc = ".".join(str(p) for p in e["loc"])
     value: Any = data
     for p in e["loc"]:
-        value = value.get(p, None) if isinstance(value, dict) else None
+        if isinstance(value, list) and isinstance(p, int):
+            value = value[p] if p < len(value) else None
+        else:
+            value = value.get(p, None) if isinstance(value, dict) else None
     if e["type"] == "extra_forbidden":
         section: type[BaseModel] = root
         for p in e["loc"][:-1]:

@@ -18,19 +18,29 @@ class Sample:
 
     Attributes:
         id: stable identifier of the prompt (unique within its split).
-        prompt: the text given to the policy.
+        prompt: the text given to the policy, or a conversation: a list of `{"role", "content"}`
+            messages, rendered with the tokenizer's chat template (generation prompt added).
         answer: the reference answer (may be None for tasks without one).
         fields: any other dataset columns, by name (for example `nums`, `target`, `tests`).
         prompt_ids: the exact token ids to give the policy, when they are already known (a
             multi-turn episode's next turn); None: the sampler encodes `prompt`
             (`assay.rollout.base.encode_prompt`).
+        template_args: keyword arguments of the chat template for a conversational prompt
+            (`{"enable_thinking": False}`), from `data.chat_template_kwargs` and the row's own
+            `chat_template_kwargs` column.
     """
 
     id: str
-    prompt: str
+    prompt: str | list[dict[str, Any]]
     answer: Any = None
     fields: dict[str, Any] = field(default_factory=dict)
     prompt_ids: list[int] | None = None
+    template_args: dict[str, Any] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        """True when the prompt is a list of chat messages."""
+        return isinstance(self.prompt, list)
 
 
 @dataclass
@@ -73,6 +83,17 @@ class Trajectory:
     def __post_init__(self) -> None:
         if not self.finish_reason:
             self.finish_reason = "stop" if self.finished else "length"
+
+    @property
+    def conversation(self) -> list[dict[str, Any]] | None:
+        """For a conversational prompt, the whole conversation: its messages and this completion as the
+        assistant's reply (appended to a final assistant message the prompt began); None for a plain-text prompt."""
+        msgs = self.sample.prompt
+        if not isinstance(msgs, list):
+            return None
+        if msgs and msgs[-1].get("role") == "assistant":
+            return [*msgs[:-1], {**msgs[-1], "content": str(msgs[-1].get("content", "")) + self.completion}]
+        return [*msgs, {"role": "assistant", "content": self.completion}]
 
     @property
     def sampled_tokens(self) -> int:

@@ -1,12 +1,16 @@
 """Prompt sources: a built-in task or user data (JSONL, Parquet, or a `datasets` folder).
 
-A source hands out training prompts in a seeded order and remembers how many it has
-handed out, so a resumed run continues with exactly the prompts it would have seen.
+A row's prompt is plain text or a conversation (a list of `{"role", "content"}` messages,
+the layout TRL, verl and the Hub's RL datasets use); a standard layout (`data.format`) is
+converted first (`assay.data.formats`). A source hands out training prompts in a seeded
+order and remembers how many it has handed out, so a resumed run continues with exactly
+the prompts it would have seen.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import random
 from pathlib import Path
@@ -28,7 +32,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     `AssayError` that names the file and the line.
     """
     try:
-        f = open(path, "rb")
+        f = gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
     except OSError as e:
         raise AssayError(f"cannot read {path}: {e.strerror}") from None
     with f:
@@ -51,7 +55,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
-    """Rows of a `.jsonl`/`.json` file, a `.parquet` file, or a `datasets` folder saved with `save_to_disk`."""
+    """Rows of a `.jsonl`/`.json` file (or either gzipped), a `.parquet` file, or a `datasets` folder saved with `save_to_disk`."""
     p = Path(path)
     if not p.exists():
         raise AssayError(f"data path {path!r} does not exist")
@@ -65,7 +69,7 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"] if "train" in ds else next(iter(ds.values()))
         return [dict(r) for r in ds]
-    if p.suffix in (".jsonl", ".json"):
+    if p.suffix in (".jsonl", ".json") or "".join(p.suffixes[-2:]) in (".jsonl.gz", ".json.gz"):
         return read_jsonl(p)
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -74,11 +78,15 @@ def read_rows(path: str) -> list[dict[str, Any]]:
             return pq.read_table(p).to_pylist()
         except Exception as e:  # pyarrow raises several types for a corrupt file
             raise AssayError(f"cannot read parquet file {path!r}: {e}") from None
-    raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json, .parquet, or a datasets folder")
+    raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json (gzipped too), .parquet, or a datasets folder")
 
 
 def rows_to_samples(rows: list[dict[str, Any]], fields: dict[str, str], source: str) -> list[Sample]:
-    """Map user columns to `Sample`s with `fields` ({prompt: col, answer: col, id: col})."""
+    """Map user columns to `Sample`s with `fields` ({prompt: col, answer: col, id: col}).
+
+    A prompt is a string or a list of `{"role", "content"}` messages; anything else is one
+    line naming the row.
+    """
     names = {k: fields.get(k, k) for k in CORE_FIELDS}
     out = []
     for i, row in enumerate(rows):
@@ -86,12 +94,67 @@ def rows_to_samples(rows: list[dict[str, Any]], fields: dict[str, str], source: 
             raise AssayError(f"{source}: row {i + 1} has no prompt column {names['prompt']!r} (map it with data.fields.prompt=COLUMN)")
         prompt = row[names["prompt"]]
         if not isinstance(prompt, str):
-            raise AssayError(f"{source}: row {i + 1}: prompt must be a string, got {type(prompt).__name__}")
+            prompt = check_messages(prompt, f"{source}: row {i + 1}")
         extra = {k: v for k, v in row.items() if k not in names.values()}
         out.append(Sample(id=str(row.get(names["id"], i)), prompt=prompt, answer=row.get(names["answer"]), fields=extra))
     if not out:
         raise AssayError(f"{source}: no rows")
     return out
+
+
+def check_messages(prompt: Any, where: str) -> list[dict[str, Any]]:
+    """`prompt` as a conversation: a non-empty list of messages, each with a string `role` and a `content`."""
+    if not isinstance(prompt, list) or not prompt:
+        raise AssayError(f"{where}: prompt must be a string or a non-empty list of {{role, content}} messages, got {type(prompt).__name__}")
+    for j, m in enumerate(prompt):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise AssayError(f"{where}: message {j + 1} of the prompt is not a {{role, content}} object: {str(m)[:80]!r}")
+    return [dict(m) for m in prompt]
+
+
+def as_chat(samples: list[Sample], data, source: str) -> list[Sample]:
+    """Conversations as `data` asks: a plain prompt becomes a user message with `data.chat`; `data.system_prompt`
+    goes first where a conversation has no system message; template arguments from `data.chat_template_kwargs`
+    and the row's own `chat_template_kwargs` column (which wins)."""
+    out = []
+    for s in samples:
+        prompt = s.prompt
+        if isinstance(prompt, str):
+            if not data.chat:
+                if data.system_prompt is not None:
+                    raise AssayError(f"{source}: row id {s.id!r} has a plain-text prompt and data.system_prompt needs a conversation "
+                                     "(set data.chat=true to send plain prompts as a user message through the chat template)")
+                out.append(s)
+                continue
+            prompt = [{"role": "user", "content": prompt}]
+        if data.system_prompt is not None and prompt[0].get("role") != "system":
+            prompt = [{"role": "system", "content": data.system_prompt}, *prompt]
+        row_args = s.fields.get("chat_template_kwargs")
+        args = {**data.chat_template_kwargs, **(row_args if isinstance(row_args, dict) else {})}
+        out.append(dataclasses.replace(s, prompt=prompt, template_args=args or None))
+    return out
+
+
+def samples_from(path: str, data) -> list[Sample]:
+    """The samples of a data file as a `DataConfig` reads it: its format converted, columns mapped, chat applied."""
+    rows, fields = read_rows(path), data.fields
+    if data.format:
+        from assay.data.formats import convert_rows
+
+        rows, skipped = convert_rows(rows, data.format, fields, path)
+        fields = {}
+        if skipped:
+            log.warning(f"{path}: {skipped} rows have no tests and are left out (data.format={data.format})")
+    return as_chat(rows_to_samples(rows, fields, path), data, path)
+
+
+def data_reward(data) -> str | dict[str, Any] | None:
+    """The reward a data source brings: its format's (`data.format`), else None."""
+    if data.path and data.format:
+        from assay.data.formats import get_format
+
+        return get_format(data.format).reward
+    return None
 
 
 class PromptSource:
@@ -239,14 +302,16 @@ def drop_overlap(train: list[Sample], heldout: list[Sample], source: str) -> lis
 def build_source(data, seed: int, eval_n: int) -> PromptSource:
     """A `PromptSource` from a `DataConfig`; training rows never share a prompt with held-out ones."""
     if data.path:
-        rows = rows_to_samples(read_rows(data.path), data.fields, data.path)
+        rows = samples_from(data.path, data)
         if data.eval_path:
-            heldout = rows_to_samples(read_rows(data.eval_path), data.fields, data.eval_path)
+            heldout = samples_from(data.eval_path, data)
             rows = drop_overlap(rows, heldout, data.path)
         else:
             rows, heldout = split_heldout(rows, data.eval_fraction, seed, data.path)
-        return PromptSource(rows, heldout[:eval_n], seed)
+        return PromptSource(rows, heldout[:eval_n], seed, reward=data_reward(data))
     if not data.task:
         raise AssayError("data: give a built-in task (data.task=arithmetic) or a file (data.path=FILE)")
+    if data.chat or data.system_prompt is not None:
+        raise AssayError(f"data.chat and data.system_prompt apply to data files (data.path); the built-in task {data.task!r} has plain-text prompts")
     task = make_task(data.task, **data.task_args)
     return PromptSource(task, task.heldout(eval_n), seed, reward=task.reward)

@@ -36,10 +36,9 @@ def _run_model(run: str) -> str:
     return str(ckpt)
 
 
-def resolve(task: str | None, task_args: dict | None, data: str | None, fields: dict | None, run: str | None,
-            reward: Any, n: int, seed: int) -> tuple[list, Any, dict[str, Any]]:
-    """`(problems, reward spec, description)` for exactly one of task, data file or run."""
-    from assay.data.datasets import build_source, read_rows, rows_to_samples
+def resolve(task: str | None, task_args: dict | None, data, run: str | None, reward: Any, n: int, seed: int) -> tuple[list, Any, dict[str, Any]]:
+    """`(problems, reward spec, description)` for exactly one of task, data (a `DataConfig` with a path) or run."""
+    from assay.data.datasets import build_source, data_reward, samples_from
     from assay.data.tasks import make_task
 
     if sum(x is not None for x in (task, data, run)) > 1:
@@ -51,48 +50,63 @@ def resolve(task: str | None, task_args: dict | None, data: str | None, fields: 
             raise AssayError(f"--run: the run {run!r} has no held-out data (data.eval_fraction=0 and no data.eval_path)")
         return source.heldout, reward or cfg.reward or source.reward, {"run": run, "data": cfg.data.task or cfg.data.path}
     if data is not None:
+        reward = reward or data_reward(data)
         if reward is None:
-            raise AssayError("--data needs --reward: the reward that checks these rows (a name, module:attr, or a YAML block)")
-        return rows_to_samples(read_rows(data), fields or {}, data)[:n], reward, {"data": data}
+            raise AssayError("--data needs --reward (the reward that checks these rows: a name, module:attr, or a YAML block) "
+                             "or --format (a standard layout that brings its reward)")
+        return samples_from(data.path, data)[:n], reward, {"data": data.path, **({"format": data.format} if data.format else {})}
     t = make_task(task or "arithmetic", **(task_args or {}))
     return t.heldout(n), reward or t.reward, {"task": task or "arithmetic"}
 
 
 def evaluate_model(model: str | None = None, *, task: str | None = None, task_args: dict | None = None, data: str | None = None,
-                   fields: dict | None = None, run: str | None = None, reward: Any = None, n: int = 500, k: int = 8,
-                   max_new_tokens: int | None = None, temperature: float = 1.0, backend: str = "torch", device: str = "cpu",
-                   seed: int = 0, workers: int = 2, timeout: float = 5.0) -> dict[str, Any]:
+                   fields: dict | None = None, format: str | None = None, chat: bool = False, system_prompt: str | None = None,
+                   chat_template_kwargs: dict | None = None, chat_template: str | None = None, run: str | None = None,
+                   reward: Any = None, n: int = 500, k: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
+                   backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2, timeout: float = 5.0) -> dict[str, Any]:
     """Greedy accuracy, pass@k and mean length of `model` on a task, a data file or a run's held-out data.
 
     Args:
         model: a bundled model name or a Hugging Face folder (default: the run's `final/`
             with `run`, else `tiny-arith`).
         task, task_args: a built-in task; its held-out split is evaluated.
-        data, fields: a JSONL/Parquet file or `datasets` folder, mapped like `data.fields`
-            in training; its first `n` rows are evaluated.
-        run: a run folder: its own held-out split, reward and completion length.
-        reward: any reward spec (default: the task's or the run's verifier).
+        data, fields, format: a JSONL/Parquet file or `datasets` folder, read as `data.path`,
+            `data.fields` and `data.format` are in training (a format brings its reward); its
+            first `n` rows are evaluated.
+        chat, system_prompt, chat_template_kwargs: how prompts meet the chat template, as the
+            `data` settings of the same names; `chat_template` replaces the tokenizer's.
+        run: a run folder: its own held-out split, reward, chat settings and completion length.
+        reward: any reward spec (default: the task's, the format's or the run's verifier).
         n, k, temperature: problems, pass@k samples and their temperature (k=0: greedy only).
         max_new_tokens: completion limit (default: the run's, else 6).
     Returns:
         `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`.
     """
+    from assay.config import DataConfig
+    from assay.data.datasets import PromptLimit
     from assay.eval.policy import evaluate
     from assay.models import load_policy
     from assay.rewards.executor import RewardExecutor
     from assay.rewards.spec import build_reward
     from assay.rollout.base import make_sampler
 
-    problems, spec, what = resolve(task, task_args, data, fields, run, reward, n, seed)
-    if spec is None:
+    spec = None if data is None else DataConfig(task=None, path=data, fields=fields or {}, format=format, chat=chat,
+                                                system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs or {})
+    problems, reward_spec, what = resolve(task, task_args, spec, run, reward, n, seed)
+    if reward_spec is None:
         raise AssayError("eval: this data has no built-in verifier; give --reward")
     if max_new_tokens is None:
         max_new_tokens = _run_config(run).rollout.max_new_tokens if run else 6
+    if run and chat_template is None:
+        chat_template = _run_config(run).model.chat_template
     model = model or (_run_model(run) if run else "tiny-arith")
-    policy, tokenizer = load_policy(model, device)
+    policy, tokenizer = load_policy(model, device, chat_template=chat_template)
+    context = getattr(policy.config, "max_position_embeddings", None)
+    if context:  # the training-time rule: a prompt and its completion fit the model, else one line naming the prompt
+        problems = PromptLimit(tokenizer, context - max_new_tokens, "error", context).apply(problems, "eval data")
     sampler = make_sampler(backend, policy, tokenizer, None, device)
     try:
-        with RewardExecutor(build_reward(spec), workers=workers, timeout=timeout) as ex:
+        with RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout) as ex:
             r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)
     finally:
         sampler.close()

@@ -33,19 +33,33 @@ def build_char_tokenizer(alphabet: str = ALPHABET):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL, padding_side="left")
 
 
-def build_tiny_model(tokenizer, hidden: int = 256, layers: int = 4, heads: int = 4, intermediate: int = 1024, seed: int = 0, max_positions: int = 256):
-    """A randomly initialised Qwen2 causal LM sized for CPU experiments (fp32)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def build_tiny_model(tokenizer, hidden: int = 256, layers: int = 4, heads: int = 4, intermediate: int = 1024, seed: int = 0, max_positions: int = 256,
+                     arch: str = "qwen2", eos_ids: list[int] | None = None):
+    """A randomly initialised causal LM sized for CPU experiments (fp32), tied embeddings.
 
-    config = Qwen2Config(
+    Args:
+        arch: `qwen2` (the bundled models' architecture) or `llama`.
+        eos_ids: the generation config's stop tokens (default: the tokenizer's EOS), for
+            example EOS and an end-of-turn token (`assay.models.chat.stop_token_ids`).
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    kinds = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    if arch not in kinds:
+        raise AssayError(f"unknown tiny-model architecture {arch!r}; known: {', '.join(kinds)}")
+    config_cls, model_cls = kinds[arch]
+    config = config_cls(
         vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=heads, intermediate_size=intermediate, max_position_embeddings=max_positions,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id, rope_theta=10000.0,
     )
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).float()
+    model = model_cls(config).float()
+    if eos_ids:
+        model.generation_config.eos_token_id = list(eos_ids)
+    return model
 
 
 def resolve_model_path(path: str) -> Path:
@@ -76,8 +90,21 @@ def quiet_hf() -> None:
         pass
 
 
-def load_policy(path: str, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
-    """Load `(model, tokenizer)` from a bundled name or a Hugging Face folder on disk."""
+def read_chat_template(template: str) -> str:
+    """A chat template given as a Jinja file or as the template text itself."""
+    path = Path(os.path.expanduser(template))
+    if path.is_file():
+        return path.read_text()
+    if "{{" in template or "{%" in template:
+        return template
+    raise AssayError(f"model.chat_template={template!r} is neither a file nor Jinja template text")
+
+
+def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_template: str | None = None) -> tuple[Any, Any]:
+    """Load `(model, tokenizer)` from a bundled name or a Hugging Face folder on disk.
+
+    `chat_template` (a Jinja file or text) replaces the tokenizer's own template.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,4 +118,6 @@ def load_policy(path: str, device: str = "cpu", dtype: str = "float32") -> tuple
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if chat_template is not None:
+        tok.chat_template = read_chat_template(chat_template)
     return model.to(device), tok

@@ -66,7 +66,7 @@ DEFAULT_TIERS = {"no_code": 0.0, "syntax_error": 0.0, "compile_error": 0.0, "run
 NO_RESULT_STAGES = ("no_code", "syntax_error", "compile_error", "timeout")
 """Stages in which no test produced a result; their tiers may not exceed the crash tier."""
 MODES = ("all", "fraction", "verpo", "staged")
-EXTRACT = ("fenced", "fenced_strict", "first_fenced", "raw")
+EXTRACT = ("fenced", "fenced_strict", "first_fenced", "raw", "continuation")
 _FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 
 
@@ -97,8 +97,13 @@ def extract_code(completion: str, lang: str, how: str = "fenced") -> str | None:
 
     how: "fenced" (last block tagged with the language, else the last untagged block),
     "fenced_strict" (tagged blocks only), "first_fenced" (first block tagged or untagged),
-    "raw" (the whole completion).
+    "raw" (the whole completion), "continuation" (the completion continues a program: its
+    last fenced block if it has one, else the whole completion; `CodeReward` puts the row's
+    start of the program before it).
     """
+    if how == "continuation":
+        block = extract_code(completion, lang, "fenced")
+        return block if block is not None else extract_code(completion, lang, "raw")
     if how == "raw":
         return completion if completion.strip() else None
     names = language(lang)["fence"]
@@ -121,7 +126,10 @@ class CodeReward(Reward):
             `language` field overrides it.
         mode: "all", "fraction", "verpo" or "staged" (see the module docstring).
         extract: how the program is found in the completion ("fenced", "fenced_strict",
-            "first_fenced", "raw").
+            "first_fenced", "raw", "continuation": the row's `prefix_field` followed by the
+            completion's fenced block or, without one, the completion itself — HumanEval's
+            rule, program = prompt + completion; a model that answers with the whole function
+            in a fence redefines the prompt's stub).
         whitespace: stdio comparison ("lines", "tokens", "exact").
         float_tol: relative and absolute tolerance for floats in call results.
         cpu_s, memory_mb: per-test CPU seconds and address-space MiB (a group's `cpu_s` overrides).
@@ -131,6 +139,7 @@ class CodeReward(Reward):
         runtime_weight: weight of the runtime term (0 disables it).
         reference_field: row field holding the reference solution for the runtime term.
         tests_field: row field holding the tests.
+        prefix_field: with extract "continuation", the row field holding the program's start.
         workers: sandbox worker slots (None: one per core).
         unsafe_no_sandbox: run WITHOUT isolation when no sandbox is available (explicit opt-out).
         fork_server: run Python programs in each worker's fork server (default); False starts a
@@ -147,7 +156,8 @@ class CodeReward(Reward):
                  whitespace: str = "lines", float_tol: float = 1e-6, cpu_s: float = 2.0, memory_mb: int = 512,
                  max_tests: int | None = None, tiers: dict[str, float] | None = None, verpo_beta: float = 0.5,
                  runtime_weight: float = 0.0, reference_field: str = "reference", tests_field: str = "tests",
-                 workers: int | None = None, unsafe_no_sandbox: bool = False, fork_server: bool = True) -> None:
+                 workers: int | None = None, unsafe_no_sandbox: bool = False, fork_server: bool = True,
+                 prefix_field: str = "code_prompt") -> None:
         _check("mode", mode, MODES)
         _check("extract", extract, EXTRACT)
         _check("whitespace", whitespace, grading.WHITESPACE_MODES)
@@ -157,7 +167,7 @@ class CodeReward(Reward):
         self.tiers = {**DEFAULT_TIERS, **(tiers or {})}
         self.verpo_beta, self.runtime_weight, self.reference_field = verpo_beta, runtime_weight, reference_field
         self.tests_field, self.workers, self.unsafe_no_sandbox = tests_field, workers, unsafe_no_sandbox
-        self.fork_server = fork_server
+        self.fork_server, self.prefix_field = fork_server, prefix_field
         self._stats: dict[str, list[list[int]]] = {}  # prompt key -> per test [passes, runs]
         self._ref_runtime: dict[str, float | None] = {}
         self._lock = threading.Lock()
@@ -196,6 +206,8 @@ class CodeReward(Reward):
         try:
             lang = self._lang(t)
             code = extract_code(t.completion, lang, self.extract)
+            if code is not None and self.extract == "continuation":
+                code = str(t.sample.fields.get(self.prefix_field) or "") + code
             tests = t.sample.fields.get(self.tests_field)
             if tests is None:
                 return RewardResult.failed(f"row has no {self.tests_field!r} field", score=None)

@@ -31,16 +31,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import multiprocessing as mp
 import pickle
 import signal
-import sys
 import time
 from multiprocessing.connection import wait
-from typing import Any, Iterator
+from typing import Any
 
 from assay.errors import AssayError
+from assay.processes import main_script_hidden
 from assay.rewards.base import Reward, score_safely
 from assay.types import RewardResult, Trajectory
 
@@ -125,33 +124,6 @@ class _Worker:
             pass
         self.proc.join(0.5)
         self.kill()
-
-
-@contextlib.contextmanager
-def main_script_hidden() -> Iterator[None]:
-    """Start processes without re-running the user's script in them.
-
-    "spawn" and "forkserver" children import the parent's `__main__` from its file, which
-    runs a script that has no `if __name__ == "__main__":` guard a second time (and fails
-    with multiprocessing's bootstrapping error). assay's workers never need `__main__`
-    (a reward defined there makes the executor fork instead), so while a child starts, the
-    main module's file is hidden and the child skips that import.
-    """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    spec = getattr(main, "__spec__", None)
-    if main is None or (path is None and spec is None):
-        yield
-        return
-    try:
-        if path is not None:
-            del main.__file__
-        main.__spec__ = None
-        yield
-    finally:
-        if path is not None:
-            main.__file__ = path
-        main.__spec__ = spec
 
 
 def _preload(reward: Reward) -> list[str]:

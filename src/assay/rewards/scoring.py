@@ -32,12 +32,19 @@ def read_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def row_to_traj(row: dict[str, Any], index: int) -> Trajectory:
-    """A trajectory for one input row; extra fields go to `sample.fields`."""
+    """A trajectory for one input row; extra fields go to `sample.fields`.
+
+    A prompt may be a list of chat messages (kept as the conversation); a completion may
+    be a list of messages too (TRL's conversational layout), whose assistant text is read.
+    """
     rid = str(row.get("id", index))
     fields = {k: v for k, v in row.items() if k not in _ROW_KEYS}
-    sample = Sample(rid, str(row.get("prompt", "")), row.get("answer"), fields)
+    prompt = row.get("prompt", "")
+    sample = Sample(rid, prompt if isinstance(prompt, list) else str(prompt), row.get("answer"), fields)
     ids = row.get("completion_ids") or []
     comp = row["completion"]
+    if isinstance(comp, list) and all(isinstance(m, dict) for m in comp):
+        comp = "".join(str(m.get("content", "")) for m in comp if m.get("role", "assistant") == "assistant")
     return Trajectory(sample, comp if isinstance(comp, str) else json.dumps(comp), [], list(ids), [], True, int(row.get("group", 0) or 0))
 
 

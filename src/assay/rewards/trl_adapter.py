@@ -38,6 +38,10 @@ def message_text(x: Any) -> str:
     return "" if x is None else str(x)
 
 
+def _is_messages(x: Any) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(m, dict) and "role" in m for m in x)
+
+
 class TrlReward:
     """A TRL reward function `(prompts, completions, **kwargs) -> list[float | None]` around an assay reward.
 
@@ -64,7 +68,9 @@ class TrlReward:
         out = []
         for i, c in enumerate(completions):
             fields = {k: v[i] for k, v in cols.items() if k not in (self.answer_field, "solution")}
-            sample = Sample(str(i), message_text(prompts[i]) if prompts is not None else "", answers[i] if answers is not None else None, fields)
+            prompt = prompts[i] if prompts is not None else ""
+            prompt = [dict(m) for m in prompt] if _is_messages(prompt) else message_text(prompt)  # a conversation stays one
+            sample = Sample(str(i), prompt, answers[i] if answers is not None else None, fields)
             out.append(Trajectory(sample, message_text(c), [], list(ids[i] or []), [], True))
         return out
 

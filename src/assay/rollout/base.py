@@ -89,14 +89,44 @@ def make_sampler(backend: str, model: Any, tokenizer: Any, rollout: Any = None, 
 
 
 def encode_prompt(tokenizer: Any, sample: Sample) -> list[int]:
-    """The token ids a sampler gives the policy for `sample`: its `prompt_ids` when set, else its prompt encoded.
+    """The token ids a sampler gives the policy for `sample` `[P]`.
 
-    Every backend and every length check goes through this one function, so what is
-    measured is what is sampled.
+    Its `prompt_ids` when set; a conversation (a list of messages) rendered by the
+    tokenizer's own chat template with the generation prompt added (`apply_chat_template`,
+    with `sample.template_args`; a final assistant message is continued instead); plain
+    text encoded as it is, with no special tokens added. Every backend and every length
+    check goes through this one function, so what is measured is what is sampled.
     """
     if sample.prompt_ids is not None:
         return list(sample.prompt_ids)
-    return tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+    if isinstance(sample.prompt, str):
+        return tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+    return render_chat(tokenizer, sample.prompt, sample.template_args or {}, sample.id)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], template_args: dict[str, Any], sid: str = "?") -> list[int]:
+    """`messages` through the tokenizer's chat template: `[P]` ids ending where the assistant's reply begins."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise AssayError(f"prompt id {sid!r} is a conversation (a list of messages) but the model's tokenizer has no chat template; "
+                         "give one with model.chat_template=FILE.jinja, or use plain-text prompts")
+    prefill = bool(messages) and messages[-1].get("role") == "assistant"
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=not prefill, continue_final_message=prefill,
+                                            tokenize=True, return_dict=True, **template_args)
+    except Exception as e:  # a template raises jinja's own errors (raise_exception in the template, a bad message)
+        raise AssayError(f"prompt id {sid!r}: the chat template failed on this conversation: {type(e).__name__}: {e}") from None
+    return list(out["input_ids"])
+
+
+def stop_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The token ids that end a completion: the tokenizer's EOS and the model's `generation_config.eos_token_id`
+    (an instruct model's end-of-turn token, such as `<|im_end|>` or `<|eot_id|>`), EOS first."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in gen if isinstance(gen, (list, tuple)) else [gen]:
+        if i is not None and i not in ids:
+            ids.append(int(i))
+    return ids
 
 
 def pad_id(tokenizer: Any) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from assay.models.llama import supported
-from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id
+from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id, stop_ids
 from assay.rollout.decoder import StaticDecoder, hf_prefill
 from assay.types import Sample, Trajectory
 
@@ -92,7 +92,7 @@ class TorchSampler:
 
     def __init__(self, model, tokenizer, device: str | torch.device = "cpu", fast: bool = True, compact_frac: float = 0.25):
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
-        self.eos_id = tokenizer.eos_token_id
+        self.stop = torch.tensor(stop_ids(model, tokenizer), dtype=torch.long, device=self.device)  # EOS, end of turn
         self.pad_id = pad_id(tokenizer)
         self.fast, self.compact_frac = fast, compact_frac
         self.version = 0
@@ -149,7 +149,7 @@ class TorchSampler:
             tok, lp = _pick(logits, params, generator)
             rows = active[running]
             tokens[rows, step], logprobs[rows, step] = tok[running], lp[running]
-            ended = running & (tok == self.eos_id)
+            ended = running & torch.isin(tok, self.stop)
             lengths[active[ended]] = step + 1
             running = running & ~ended
             alive = int(running.sum())
@@ -164,7 +164,8 @@ class TorchSampler:
         if was_training:
             self.model.train()
         lengths_l, tokens_l, logprobs_l = lengths.tolist(), tokens.tolist(), logprobs.tolist()
-        finished = [tokens_l[r][k - 1] == self.eos_id for r, k in enumerate(lengths_l)]  # ended on EOS, not on the limit
+        stop = set(self.stop.tolist())
+        finished = [tokens_l[r][k - 1] in stop for r, k in enumerate(lengths_l)]  # ended on EOS, not on the limit
         trajs = []
         for row in range(total):
             g, k = row // n, lengths_l[row]

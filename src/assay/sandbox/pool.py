@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from assay.errors import AssayError
+from assay.processes import main_script_hidden
 from assay.registry import load_path
 from assay.sandbox import isolation
 from assay.sandbox.forkserver import ForkServer
@@ -43,7 +44,8 @@ class _Worker:
     def __init__(self, ctx: Any, target: str, setup: str | None, setup_args: tuple) -> None:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, target, setup, setup_args), daemon=True)
-        self.proc.start()
+        with main_script_hidden():  # the user's script is not run again in the worker
+            self.proc.start()
         child.close()
 
     def kill(self) -> None:

@@ -31,12 +31,12 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
 
 
 def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tensors: dict[str, dict[str, torch.Tensor]] | None = None,
-                    files: dict[str, str] | None = None) -> Path:
+                    files: dict[str, str | bytes] | None = None) -> Path:
     """Write model + tokenizer (HF format) and `trainer_state.pt` to `folder`, atomically.
 
     `tensors` maps a file stem to more weights written beside them (`critic` →
     `critic.safetensors`); read one back with `load_tensors(folder, stem)`. `files` maps
-    file names to text written beside them (`run.json`).
+    file names to text or bytes written beside them (`run.json`, a model card and its plots).
     """
     from safetensors.torch import save_file
 
@@ -49,8 +49,8 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    for name, text in (files or {}).items():
-        (tmp / name).write_text(text)
+    for name, content in (files or {}).items():
+        (tmp / name).write_bytes(content) if isinstance(content, bytes) else (tmp / name).write_text(content)
     for stem, weights in (tensors or {}).items():
         save_file(weights, tmp / f"{stem}.safetensors")
     torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete

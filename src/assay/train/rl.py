@@ -25,7 +25,9 @@ from assay.errors import AssayError
 from assay.eval.policy import evaluate
 from assay.models import load_policy
 from assay.report.metrics import JsonlSink
-from assay.report.run_report import write_report
+from assay.report.model_card import card_files
+from assay.report.run_report import PLOTS, write_report
+from assay.report.trackers import Trackers, check_trackers
 from assay.rewards.executor_factory import make_executor
 from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
 from assay.train.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
@@ -49,8 +51,21 @@ def _stem(extra: str) -> str:
 
 @dataclass
 class RunResult:
+    """What a run left: its folder and its final figures (`Trainer.summary`)."""
+
     run_dir: Path
     final: dict[str, Any]
+
+    @property
+    def model(self) -> Path:
+        """The trained model, a Hugging Face folder (`final/`)."""
+        return self.run_dir / "final"
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of `metrics.jsonl`, one per logged step."""
+        from assay.report.metrics import read_metrics
+
+        return read_metrics(self.run_dir / "metrics.jsonl")
 
 
 def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
@@ -85,6 +100,7 @@ def check_plugins(cfg: RunConfig) -> None:
     KL_ESTIMATORS.get(cfg.algo.kl_estimator)
     estimator_args(cfg.algo)
     loss_args(cfg.algo)
+    check_trackers(cfg.train.report_to)
 
 
 class Trainer:
@@ -97,7 +113,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.seed)
         self.device = torch.device(cfg.model.device)
-        self.model, self.tokenizer = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype)
+        self.model, self.tokenizer = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.model.chat_template)
         self.ref = None
         if cfg.algo.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -128,6 +144,7 @@ class Trainer:
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
         self._saved_at: int | None = None
+        self.trackers = Trackers([], self.run_dir, {})  # the run's trackers open when `fit` starts
         if resume:
             self._resume()
         write_config(self.run_dir, cfg)
@@ -154,6 +171,7 @@ class Trainer:
         record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
         self.sink.sync()
         self.samples.sync()
+        self.trackers.flush()
         folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
         self._saved_at = self.step
@@ -333,6 +351,8 @@ class Trainer:
         with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack, \
                 StopSignals(notify=bar.note) as signals:
             stack.callback(self.executor.close)
+            self.trackers = Trackers(cfg.train.report_to, self.run_dir, cfg.model_dump(mode="json"), self._saved_at)
+            stack.callback(self.trackers.close)
             try:
                 if self.step == 0 and self.evaluated_at is None:
                     with signals.critical():
@@ -351,24 +371,31 @@ class Trainer:
                     if self.health.stop:
                         raise RunCannotLearn(self.health.stop)
                 with signals.critical():
-                    if self.evaluated_at != self.step:
-                        self._log(self.evaluate(), last, bar)
-                    if self._saved_at != self.step:
-                        self.save()
-                    summary = self._summary()
-                    write_report(self.run_dir, cfg.model_dump(mode="json"), summary)
-                    save_checkpoint(self.run_dir / "final", self.model, self.tokenizer, {"step": self.step})
+                    summary = self._wrap_up(last, bar)
                 signals.raise_pending()  # a signal during the last step's wrap-up: the run is complete anyway
             except (KeyboardInterrupt, Preempted, RunCannotLearn) as e:
                 if not signals.torn and self._saved_at != self.step:
                     self.save()
                 if isinstance(e, RunCannotLearn):  # the report shows why, with the samples
-                    write_report(self.run_dir, cfg.model_dump(mode="json"), {**self._summary(), "stopped": str(e)})
+                    write_report(self.run_dir, cfg.model_dump(mode="json"), {**self.summary(), "stopped": str(e)})
                 raise
             finally:
                 self.sink.close()
                 self.samples.close()
         return RunResult(self.run_dir, summary)
+
+    def _wrap_up(self, last: dict[str, float], bar) -> dict[str, Any]:
+        """The last evaluation and checkpoint, the report, its plots to the trackers, and `final/` with its model card."""
+        if self.evaluated_at != self.step:
+            self._log(self.evaluate(), last, bar)
+        if self._saved_at != self.step:
+            self.save()
+        config, summary = self.cfg.model_dump(mode="json"), self.summary()
+        write_report(self.run_dir, config, summary)
+        self.trackers.images(self.step, [self.run_dir / name for name in PLOTS])
+        card = card_files(self.run_dir, config, summary, self.cfg.reward or self.source.reward)
+        save_checkpoint(self.run_dir / "final", self.model, self.tokenizer, {"step": self.step}, files=card)
+        return summary
 
     def _finish_step(self, metrics: dict[str, float], last: dict[str, float], bar) -> None:
         """Count the step; health gates, samples; evaluate, log and save when due."""
@@ -398,10 +425,12 @@ class Trainer:
             self.evaluated_at = self.step
         if metrics:
             self.sink.log(self.step, metrics)
+            self.trackers.log(self.step, metrics)
         last.update(metrics)
         bar.update(self.step, last)
 
-    def _summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
+        """The run's final figures (held-out accuracy at start and end, recent training reward, time), from `metrics.jsonl`."""
         from assay.report.metrics import read_metrics
 
         rows = read_metrics(self.run_dir / "metrics.jsonl")

@@ -25,7 +25,8 @@ from assay.train.checkpoint import latest_checkpoint, load_state
 RUN_FILE = "run.json"
 
 #: dotted keys an override may change when a run is resumed
-SAFE_ON_RESUME = ("train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.threads", "reward_workers")
+SAFE_ON_RESUME = ("train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.threads", "reward_workers",
+                  "train.report_to")
 
 
 def run_record(step: int, evaluated_at: int | None, cfg: RunConfig) -> dict[str, Any]:
@@ -115,6 +116,10 @@ def changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list
 def check_same_run(saved: dict[str, Any], cfg: RunConfig) -> None:
     """Refuse to continue a checkpoint with a config that differs in anything but `SAFE_ON_RESUME`."""
     ignore = {*SAFE_ON_RESUME, "output_dir", "run_name"}
+    try:  # keys added to the config since the checkpoint was written take their defaults there
+        saved = RunConfig.model_validate(saved).model_dump(mode="json")
+    except ValidationError:
+        pass
     diff = [k for k in changed_keys(saved, cfg.model_dump(mode="json")) if k not in ignore]
     if diff:
         raise AssayError(f"--resume: the config differs from the one the run was trained with in {', '.join(diff)} "
