@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up assay in ./.venv: the CPU build of torch first (a plain `torch` from PyPI pulls
-# several GB of CUDA libraries), then the package with its test extras (and HumanEval, for
-# the code reward's tests), then the sandbox that code rewards run in. Safe to run again; it
-# only installs what is missing. Exits non-zero when the sandbox cannot be installed, unless
-# you chose to go without it (code rewards will then refuse to run).
+# several GB of CUDA libraries), then the package with its test extras (HumanEval, for the
+# code reward's tests, and TensorBoard, for the tracker test), then the sandbox that code
+# rewards run in. Safe to run again; it only installs what is missing. Exits non-zero when
+# the sandbox cannot be installed, unless you chose to go without it (code rewards will then
+# refuse to run).
 #
 #   scripts/setup.sh                     # CPU machine (default)
 #   ASSAY_TORCH=cuda scripts/setup.sh    # a GPU machine: let pip choose the CUDA build
@@ -34,7 +35,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
 fi
 
 echo "installing assay ..." >&2
-"${PIP[@]}" install -e '.[test,humaneval]'
+"${PIP[@]}" install -e '.[test,humaneval,tensorboard]'
 
 if [ "${ASSAY_NO_SANDBOX:-0}" = 1 ]; then
   echo "warning: ASSAY_NO_SANDBOX=1: no code sandbox installed; code rewards will refuse to run" >&2

@@ -26,15 +26,20 @@ def hub_id(name: Any) -> str | None:
 
 
 def base_model_id(model_path: str) -> str | None:
-    """The Hub id the starting model came from: its own name, or `_name_or_path` in its `config.json`."""
+    """The Hub id the starting model came from: its own name, the Hub cache folder it sits in
+    (`…/models--ORG--NAME/snapshots/REV`), or `_name_or_path` in its `config.json`."""
     if hub_id(model_path):
         return model_path
     from assay.models import resolve_model_path
 
     try:
-        config = json.loads((resolve_model_path(model_path) / "config.json").read_text())
+        folder = resolve_model_path(model_path).resolve()
+        config = json.loads((folder / "config.json").read_text())
     except Exception:  # a card never fails a finished run
         return None
+    for part in folder.parts:
+        if part.startswith("models--") and part.count("--") >= 2:
+            return part.removeprefix("models--").replace("--", "/", 1)
     return hub_id(config.get("_name_or_path"))
 
 
