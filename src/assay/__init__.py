@@ -47,6 +47,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
+        if name == "train":  # the package `assay.train` is the callable API function (see its docstring)
+            return importlib.import_module("assay.train")
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
