@@ -109,18 +109,8 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="assay", description="RL post-training of language models with first-class rewards.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="run RL training (GRPO on the bundled model by default)")
-    t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
-                   help="a YAML config file (optional) and dotted overrides, in any order, for example train.steps=100 algo.advantage=rloo")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with the run's own config "
-                   "(overrides may change train.steps, eval/save cadence, threads)")
-    t.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    t.set_defaults(fn=cmd_train)
-
+def _eval_parser(sub) -> None:
+    """`assay eval`'s arguments."""
     e = sub.add_parser("eval", help="greedy accuracy, pass@k and length on a task's held-out split, a data file, or a run's held-out data")
     e.add_argument("--model", default=None, help="bundled model name or Hugging Face folder (default: the run's final/ with --run, else tiny-arith)")
     e.add_argument("--task", default=None, help="built-in task name (default arithmetic)")
@@ -145,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_eval)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="assay", description="RL post-training of language models with first-class rewards.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run RL training (GRPO on the bundled model by default)")
+    t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                   help="a YAML config file (optional) and dotted overrides, in any order, for example train.steps=100 algo.advantage=rloo")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with the run's own config "
+                   "(overrides may change train.steps, eval/save cadence, threads)")
+    t.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    t.set_defaults(fn=cmd_train)
+
+    _eval_parser(sub)
 
     rw = sub.add_parser("reward", help="score files with any reward; list the registered rewards")
     rsub = rw.add_subparsers(dest="reward_command", required=True)
