@@ -90,3 +90,22 @@ def test_final_is_a_transformers_model_with_a_hub_model_card(tiny_model_dir, tmp
     assert front == meta
     out = evaluate(str(final), task="arithmetic", n=8, k=0, workers=0)
     assert out["n"] == 8 and out["model"] == str(final)
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
+    """In a real kernel (`__main__` without a file, stderr a kernel stream): plain output, no bar, errors catchable, the kernel lives on."""
+    nbformat = pytest.importorskip("nbformat", reason="pip install 'assay[notebook]'")
+    nbclient = pytest.importorskip("nbclient", reason="pip install 'assay[notebook]'")
+    pytest.importorskip("ipykernel", reason="pip install 'assay[notebook]'")
+    cells = [readme_example(), "from assay import AssayError\ntry:\n    train({'model': {'path': 'no/such/model'}})\nexcept AssayError as e:\n"
+             "    print('caught:', e)", "print('still alive')"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    monkeypatch.setenv("PYTHONPATH", SRC)  # the kernel is a child of this process: this checkout's assay
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    streams = [[(o.name, o.text) for o in c.outputs if o.output_type == "stream"] for c in nb.cells]
+    assert all(o.output_type == "stream" for c in nb.cells for o in c.outputs)  # no error output, no rich widget
+    out = "".join(t for n, t in streams[0] if n == "stdout").strip().splitlines()
+    err = "".join(t for n, t in streams[0] if n == "stderr")
+    assert len(out) == 4 and out[2:] == ["1.0 correct", "0.0 wrong"] and "run folder:" in err and "\x1b[" not in err
+    assert "caught: model path 'no/such/model' is not a directory" in streams[1][0][1] and streams[2] == [("stdout", "still alive\n")]
