@@ -155,3 +155,24 @@ def test_trackio_run_holds_every_finite_metric(tiny_model_dir, tmp_path):
     got = {(k, row["step"]): v for row in logs for k, v in row.items() if isinstance(v, (int, float)) and k not in ("step",)}
     numbers, _ = expected(run)
     assert all(same(float(got[k]), v) for k, v in numbers.items() if math.isfinite(v))
+
+
+def test_a_resumed_run_may_add_a_tracker_and_older_checkpoints_resume(tiny_model_dir, tmp_path):
+    """`train.report_to` may change on resume; a checkpoint written before the chat, format and tracker keys existed still resumes."""
+    pytest.importorskip("tensorboard", reason="pip install 'assay[tensorboard]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from assay.api import train
+
+    args = [f"model.path={tiny_model_dir}", "train.steps=2", "train.save_every=1", *[a for a in ARGS if not a.startswith(("train.steps", "train.save"))]]
+    run = train({"output_dir": str(tmp_path), "run_name": "r"}, *args).run_dir
+    record = run / "checkpoints" / "step_000002" / "run.json"
+    old = json.loads(record.read_text())
+    for section, key in (("data", "format"), ("data", "chat"), ("data", "system_prompt"), ("data", "chat_template_kwargs"),
+                         ("model", "chat_template"), ("train", "report_to")):
+        del old["config"][section][key]
+    record.write_text(json.dumps(old))
+    train(None, "train.steps=3", "train.report_to=[tensorboard]", resume=run)
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/mean")] == [3] and acc.Scalars("eval/accuracy")[-1].step == 3
