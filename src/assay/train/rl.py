@@ -203,6 +203,7 @@ class Trainer:
 
     def collect(self) -> tuple[list, list, dict[str, float], float]:
         """Generate and score this step's rollouts (changes no weights)."""
+        self.threads.update()  # first, the cores other processes left free
         t0 = time.perf_counter()
         trajs, results, metrics = self._rollout()
         return trajs, results, metrics, t0
@@ -340,7 +341,6 @@ class Trainer:
                         self._log(self.evaluate(), last, bar)
                     signals.raise_pending()
                 while self.step < cfg.train.steps:
-                    self.threads.update()  # the cores other processes left free
                     snapshot = self._snapshot()
                     try:
                         rollout = self.collect()
