@@ -1,4 +1,4 @@
-"""The examples in the algos and sampler docstrings run and print what they say."""
+"""The examples in the docstrings run and print what they say."""
 
 import doctest
 import importlib
@@ -7,7 +7,8 @@ import pytest
 
 MODULES = [
     "assay.algos.advantages", "assay.algos.credit", "assay.algos.kl", "assay.algos.losses",
-    "assay.algos.correction", "assay.algos.entropy", "assay.data.selection",
+    "assay.algos.correction", "assay.algos.entropy", "assay.data.selection", "assay.algos.args", "assay.workers",
+    "assay.rewards.executor", "assay.rewards.monitors", "assay.registry",
 ]
 
 

@@ -22,8 +22,8 @@ RUN = ["train.eval_every=5", "train.eval_n=16", "reward_workers=0", "rollout.pro
        "train.threads=1", "optim.lr=2e-3", "optim.warmup_steps=0", "rollout.max_new_tokens=5", LEARNING_SIGNAL]
 
 
-def assay(*args, check=True, **kw):
-    p = subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=300, **kw)
+def assay(*args, check=True, timeout=300, **kw):
+    p = subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=timeout, **kw)
     if check:
         assert p.returncode == 0, p.stderr
     return p
@@ -184,6 +184,7 @@ def test_random_sigkills_never_lose_duplicate_or_change_anything(tiny_model_dir,
 def test_pretrain_rebuilds_the_bundled_model_byte_for_byte(tmp_path):
     from assay.models import BUNDLED_DIR
 
-    assay("pretrain", "tiny-arith", "--out", str(tmp_path / "m"), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # the recipe trains on one thread (~25 minutes on this kind of machine)
+    assay("pretrain", "tiny-arith", "--out", str(tmp_path / "m"), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3600)
     built = (tmp_path / "m" / "model.safetensors").read_bytes()
     assert built == (BUNDLED_DIR / "tiny-arith" / "model" / "model.safetensors").read_bytes()

@@ -68,8 +68,8 @@ def test_conformance(name):
         return
     with RewardExecutor(reward, workers=1, timeout=10.0) as ex:
         first = ex.score(BATCH[:2])
-        os.kill(ex._pool[0].proc.pid, 9)  # the worker dies between batches
-        ex._pool[0].proc.join(5)
+        os.kill(ex._pool._workers[0].proc.pid, 9)  # the worker dies between batches
+        ex._pool._workers[0].proc.join(5)
         again = ex.score(BATCH[:2])
     assert [r.score for r in first] == [r.score for r in again] == [r.score for r in results[:2]]
 

@@ -41,8 +41,8 @@ def test_pool_raise_hang_crash_fail_only_their_item():
 def test_worker_killed_from_outside_is_restarted():
     with RewardExecutor(Misbehave(), workers=1, timeout=2.0) as ex:
         ex.score([traj("a")])
-        os.kill(ex._pool[0].proc.pid, 9)
-        ex._pool[0].proc.join(2)
+        os.kill(ex._pool._workers[0].proc.pid, 9)
+        ex._pool._workers[0].proc.join(2)
         assert ex.score([traj("ab")])[0].score == 2.0
 
 
@@ -108,7 +108,7 @@ def test_bad_arguments():
 
 
 def test_reward_that_cannot_load_in_a_worker_is_a_clear_error():
-    with pytest.raises(AssayError, match="failed to load the reward: ImportError"):
+    with pytest.raises(AssayError, match=r"reward worker \(loading the reward\) failed to start: ImportError"):
         RewardExecutor(FailsToLoad(), workers=1).score([traj("a")])
 
 

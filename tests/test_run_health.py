@@ -94,3 +94,34 @@ def test_an_unwritable_output_dir_is_one_line(tiny_model_dir, tmp_path):
     for cmd, needle in runs:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and needle in p.stderr, p.stderr
+
+
+def test_options_anywhere_a_readable_model_and_a_summary_over_many_steps(tiny_model_dir, tmp_path):
+    """`assay train cfg.yaml --no-progress k=v` works; weights are readable by others; the summary's reward is not one batch."""
+    import os
+    import stat
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"model: {{path: {tiny_model_dir}}}\nreward_workers: 0\nrollout: {{prompts_per_step: 2, group_size: 2}}\n"
+                    "train: {eval_n: 4, threads: 1}\nreward: {name: random}\n")
+    old = os.umask(0o022)
+    try:
+        p = subprocess.run([sys.executable, "-m", "assay.cli", "train", str(conf), "--no-progress", "train.steps=12", f"output_dir={tmp_path}",
+                            "run_name=o"], capture_output=True, text=True, timeout=300)
+    finally:
+        os.umask(old)
+    assert p.returncode == 0, p.stderr
+    run = tmp_path / "o"
+    for f in ("final/model.safetensors", "checkpoints/step_000012/model.safetensors", "final/config.json"):
+        assert stat.S_IMODE((run / f).stat().st_mode) == 0o644, f
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if r.get("reward/mean") is not None]
+    assert len(rows) == 12
+    assert f"train reward (mean of the last 1 steps): {rows[-1]['reward/mean']}" in p.stderr  # 12 steps: the last tenth is 1 step
+
+
+def test_the_summary_reward_averages_the_last_tenth_of_the_steps():
+    from assay.train.rl import _recent_reward
+
+    rows = [{"step": i, "reward/mean": float(i)} for i in range(1, 101)] + [{"step": 100, "eval/accuracy": 0.5}]
+    assert _recent_reward(rows) == {"train reward (mean of the last 10 steps)": sum(range(91, 101)) / 10}
+    assert _recent_reward([{"step": 1, "reward/mean": None}]) == {"train reward (mean of the last 1 steps)": None}

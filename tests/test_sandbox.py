@@ -149,10 +149,11 @@ def test_pool_survives_a_worker_that_dies_or_hangs():
     wp = WorkerPool("os:_exit", workers=1)
     try:
         out = wp.map([0], [5.0])
-        assert "died" in out[0].error
+        assert out[0].reason == "crashed" and "crashed" in out[0].error
         wp2 = WorkerPool("time:sleep", workers=1)
         out = wp2.map([30, 0], [1.0, 5.0])
-        assert "deadline" in out[0].error and out[1] is None
+        assert out[0].reason == "timeout" and "timeout after 1s" in out[0].error and out[1] is None
+        assert wp2.restarts == 1 and wp.restarts == 1
         wp2.close()
     finally:
         wp.close()
@@ -298,3 +299,19 @@ def test_docstring_examples(name):
     import importlib
 
     assert doctest.testmod(importlib.import_module(name)).failed == 0
+
+
+def test_one_worker_pool_runs_everything_with_deadlines():
+    """The sandbox, the SQL reward and the reward executor share assay.workers.WorkerPool."""
+    import assay.rewards.executor as executor
+    import assay.rewards.sql as sql
+    import assay.sandbox.pool as pool
+    from assay import workers
+
+    assert pool.WorkerPool is workers.WorkerPool and sql.WorkerPool is workers.WorkerPool and executor.WorkerPool is workers.WorkerPool
+    wp = workers.WorkerPool("time:sleep", workers=2)
+    try:
+        out = wp.stream([0, 30, 0, 0], deadline=1.0, chunk=2)  # the hung job fails alone; the rest of its chunk runs elsewhere
+        assert out[0] is None and out[2:] == [None, None] and out[1].reason == "timeout" and wp.restarts == 1
+    finally:
+        wp.close()

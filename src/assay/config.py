@@ -208,7 +208,9 @@ class TrainConfig(Section):
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the newest checkpoints to keep."""
     threads: int = Field(0, ge=0)
-    """torch CPU threads (0: torch's default)."""
+    """torch CPU threads. 0: as many as there are cores other processes leave free,
+    re-checked before every step (`assay.threads`); N: always N (set it for bit-for-bit
+    reproducible runs on a machine whose load varies)."""
     micro_batch_mb: float = Field(256.0, ge=0.0)
     """Activation memory one forward/backward pass may keep, in MiB (estimated from the model's
     sizes): a longer minibatch is split into micro-batches, shortest rows first, whose

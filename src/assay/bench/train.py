@@ -105,14 +105,16 @@ def profiler_command(profile_dir: Path | None, name: str) -> list[str]:
     return [spy, "record", "--format", "raw", "--rate", "100", "--nonblocking", "-o", str(profile_dir / f"{name}.txt"), "--"]
 
 
-def run_worker(name: str, cfg: BenchConfig, model_dir: str, work: Path, threads: int, profile_dir: Path | None = None) -> dict[str, Any]:
-    """Run one framework in a fresh Python process and return its result."""
+def run_worker(name: str, cfg: BenchConfig, model_dir: str, work: Path, threads: int, profile_dir: Path | None = None,
+               env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one framework in a fresh Python process and return its result (`threads=0`: assay's own choice, `train.threads=0`)."""
     spec = {"framework": name, "config": cfg.model_dump(mode="json"), "model_dir": model_dir, "work_dir": str(work / name),
             "threads": threads, "out": str(work / f"{name}.json")}
     spec_path = work / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    omp = str(threads or available_threads())
+    env = {**os.environ, "OMP_NUM_THREADS": omp, "MKL_NUM_THREADS": omp, "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", **(env_extra or {})}
     log = work / f"{name}.log"
     cmd = [*profiler_command(profile_dir, name), sys.executable, "-m", "assay.bench.workers", str(spec_path)]
     busy0, own0, t0 = busy_cpu_seconds(), children_cpu_seconds(), time.perf_counter()

@@ -1,12 +1,12 @@
 """The batch executor: scores a batch concurrently, one failure fails one item.
 
-* `kind == "cpu"` rewards run in a pool of worker processes (forkserver by default, fork
-  on request). Each worker's **main thread** scores one item at a time, so verifiers that
-  time out with `signal.alarm` (math-verify) work. Items go out in small chunks and each
-  result streams back as soon as it is ready; the parent holds a deadline for the item a
-  worker is on; past it the worker is killed (SIGKILL) and restarted, only that item fails
-  and the rest of its chunk is sent again. A worker that dies (segfault, `os._exit`, out
-  of memory) fails only its current item too.
+* `kind == "cpu"` rewards run in worker processes (`assay.workers.WorkerPool`, the one pool
+  assay has; forkserver by default, fork on request). Each worker's **main thread** scores
+  one item at a time, so verifiers that time out with `signal.alarm` (math-verify) work.
+  Items go out in small chunks and each result streams back as soon as it is ready; the
+  pool holds a deadline for the item a worker is on; past it the worker is killed
+  (SIGKILL) and restarted, only that item fails and the rest of its chunk is sent again. A
+  worker that dies (segfault, `os._exit`, out of memory) fails only its current item too.
 * `kind == "io"` rewards run on an asyncio loop under a concurrency limit, each item with
   a deadline (`ascore(traj)` when the reward has it, else `score` in a thread; a thread
   that never returns cannot be killed, only abandoned).
@@ -29,101 +29,28 @@ are in `stats()`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
-import multiprocessing as mp
 import pickle
-import signal
 import time
-from multiprocessing.connection import wait
 from typing import Any
 
 from assay.errors import AssayError
-from assay.processes import main_script_hidden
 from assay.rewards.base import Reward, score_safely
 from assay.types import RewardResult, Trajectory
+from assay.workers import WorkerFailure, WorkerPool
 
 _COUNTERS = ("items", "failures", "timeouts", "crashes", "raised", "none", "restarts")
 
 
-def _worker_main(conn: Any, reward_bytes: bytes) -> None:
-    """A worker process: unpickle the reward, then score items until the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    try:
-        reward = pickle.loads(reward_bytes)
-    except Exception as e:
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        for idx, traj in msg:  # a chunk: each result goes back as soon as it is ready
-            result = score_safely(reward, traj)
-            try:
-                conn.send((idx, result))
-            except (pickle.PicklingError, TypeError, AttributeError) as e:
-                conn.send((idx, RewardResult.failed(f"result cannot be pickled: {e}", reason="raised")))
+def load_reward(reward_bytes: bytes) -> Reward:
+    """In a worker, once: the reward it scores with."""
+    return pickle.loads(reward_bytes)
 
 
-class _Worker:
-    """One worker process, its pipe, and the items sent to it (the first is being scored)."""
-
-    def __init__(self, ctx: Any, reward_bytes: bytes) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, reward_bytes), daemon=True)
-        with main_script_hidden():
-            self.proc.start()
-        child.close()
-        self.ready = False
-        self.items: collections.deque[int] = collections.deque()
-        self.deadline = 0.0
-        self.started = 0.0
-
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until the worker has loaded the reward (item deadlines exclude start-up)."""
-        if self.ready:
-            return
-        if not self.conn.poll(timeout):
-            raise AssayError(f"reward worker did not start within {timeout:g}s")
-        try:
-            kind, msg = self.conn.recv()
-        except (EOFError, OSError):
-            kind, msg = "error", f"worker exited with code {self.proc.exitcode} while loading the reward"
-        if kind != "ready":
-            raise AssayError(f"reward worker failed to load the reward: {msg}")
-        self.ready = True
-
-    def send(self, chunk: list[tuple[int, Trajectory]], timeout: float) -> None:
-        """Send items to score in order; the first one's clock starts now."""
-        self.conn.send(chunk)
-        self.items.extend(i for i, _ in chunk)
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
-
-    def done(self, timeout: float) -> None:
-        """The first item came back; the next one's clock starts now."""
-        self.items.popleft()
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(2.0)
-        self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        self.proc.join(0.5)
-        self.kill()
+def score_item(reward_traj: tuple[Reward, Trajectory]) -> RewardResult:
+    """In a worker, per item: one result, a reward's exception turned into a failed result."""
+    reward, traj = reward_traj
+    return score_safely(reward, traj)
 
 
 def _preload(reward: Reward) -> list[str]:
@@ -167,8 +94,7 @@ class RewardExecutor:
         self.reward, self.workers, self.timeout = reward, workers, float(timeout)
         self.failure_score, self.concurrency, self.start_method = failure_score, concurrency, start_method
         self.chunk = max(1, int(chunk))
-        self._pool: list[_Worker] = []
-        self._reward_bytes: bytes | None = None
+        self._pool: WorkerPool | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._seconds = 0.0
@@ -200,9 +126,9 @@ class RewardExecutor:
 
     def close(self) -> None:
         """Stop the workers and threads; the executor restarts them if used again."""
-        for w in self._pool:
-            w.stop()
-        self._pool = []
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
             self._threads = None
@@ -232,84 +158,33 @@ class RewardExecutor:
 
     # ---------------------------------------------------------------- process pool
 
-    def _start_pool(self) -> None:
-        if self._reward_bytes is None:
+    def _start_pool(self) -> WorkerPool:
+        if self._pool is None:
             try:
-                self._reward_bytes = pickle.dumps(self.reward)
+                reward_bytes = pickle.dumps(self.reward)
             except Exception as e:
                 raise AssayError(f"reward {type(self.reward).__name__} cannot be pickled for worker processes ({e}); use a callable class, not a closure, or workers=0") from None
-        method = self.start_method
-        if method == "forkserver" and any(m == "__main__" for m in _modules(self.reward)):
-            method = "fork"  # a class defined in a script cannot be imported by a forkserver child
-        ctx = mp.get_context(method)
-        if method == "forkserver":
-            ctx.set_forkserver_preload(["assay.rewards.base", *_preload(self.reward)])
-        self._ctx = ctx
-        while len(self._pool) < self.workers:
-            self._pool.append(_Worker(ctx, self._reward_bytes))
-        for w in self._pool:
-            w.wait_ready()
-
-    def _replace(self, w: _Worker) -> None:
-        w.kill()
-        fresh = _Worker(self._ctx, self._reward_bytes)
-        self._pool[self._pool.index(w)] = fresh
-        self._counts["restarts"] += 1
-        fresh.wait_ready()
+            method = self.start_method
+            if method == "forkserver" and any(m == "__main__" for m in _modules(self.reward)):
+                method = "fork"  # a class defined in a script cannot be imported by a forkserver child
+            self._pool = WorkerPool("assay.rewards.executor:score_item", self.workers, "assay.rewards.executor:load_reward", (reward_bytes,),
+                                    start_method=method, preload=("assay.rewards.base", "assay.rewards.executor", *_preload(self.reward)),
+                                    name="reward worker (loading the reward)")
+        return self._pool
 
     def _score_pool(self, batch: list[Trajectory]) -> list[RewardResult]:
-        self._start_pool()
-        results: list[RewardResult | None] = [None] * len(batch)
-        todo = collections.deque(range(len(batch)))
-        while todo or any(w.items for w in self._pool):
-            for k in range(len(self._pool)):
-                if not self._pool[k].items and todo:
-                    self._dispatch(k, batch, todo)
-            self._collect(results, todo)
-        return [r for r in results if r is not None]
-
-    def _dispatch(self, k: int, batch: list[Trajectory], todo: collections.deque) -> None:
-        """Send worker k a chunk: small enough to balance the pool, large enough to save round trips."""
-        if not self._pool[k].proc.is_alive():  # died while idle (killed from outside)
-            self._replace(self._pool[k])
-        size = max(1, min(self.chunk, len(todo) // (2 * len(self._pool))))
-        idxs = [todo.popleft() for _ in range(min(size, len(todo)))]
-        try:
-            self._pool[k].send([(i, batch[i]) for i in idxs], self.timeout)
-        except (OSError, ValueError):  # died just now: restart and retry the items
-            todo.extendleft(reversed(idxs))
-            self._pool[k].items.clear()
-            self._replace(self._pool[k])
-
-    def _collect(self, results: list[RewardResult | None], todo: collections.deque) -> None:
-        busy = [w for w in self._pool if w.items]
-        if not busy:
-            return
-        now = time.monotonic()
-        ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], max(0.0, min(w.deadline for w in busy) - now)))
-        for w in busy:
-            try:
-                while w.items and w.conn.poll():
-                    idx, results[idx] = w.conn.recv()
-                    w.done(self.timeout)
-            except (EOFError, OSError):
-                pass
-            if not w.items:
-                continue
-            now = time.monotonic()
-            if w.proc.sentinel in ready or not w.proc.is_alive():
-                self._fail_first(w, results, todo, f"worker crashed (exit code {w.proc.exitcode})", "crashed", now)
-            elif now >= w.deadline:
-                self._fail_first(w, results, todo, f"timeout after {self.timeout:g}s (worker killed and restarted)", "timeout", now)
-
-    def _fail_first(self, w: _Worker, results: list[RewardResult | None], todo: collections.deque, error: str, reason: str, now: float) -> None:
-        """Fail the item the worker was on, put the rest of its chunk back, restart it."""
-        idx = w.items.popleft()
-        results[idx] = RewardResult.failed(error, reason=reason, seconds=round(now - w.started, 3))
-        self._counts["timeouts" if reason == "timeout" else "crashes"] += 1
-        todo.extendleft(reversed(w.items))
-        w.items.clear()
-        self._replace(w)
+        pool = self._start_pool()
+        restarts = pool.restarts
+        out = pool.stream(batch, self.timeout, self.chunk)
+        self._counts["restarts"] += pool.restarts - restarts
+        results = []
+        for r in out:
+            if isinstance(r, WorkerFailure):  # the worker timed out or died ("raised" is counted by `_finish`)
+                if r.reason in ("timeout", "crashed"):
+                    self._counts["timeouts" if r.reason == "timeout" else "crashes"] += 1
+                r = RewardResult.failed(r.error, reason=r.reason, seconds=r.seconds)
+            results.append(r)
+        return results
 
     # ---------------------------------------------------------------- asyncio
 

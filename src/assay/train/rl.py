@@ -36,6 +36,7 @@ from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, 
 from assay.data.selection import DynamicFilter, scored_rewards
 from assay.train.extras import StepData, build_extras
 from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
+from assay.threads import ThreadGovernor
 from assay.train.health import HealthGates, RunCannotLearn, sample_rows
 from assay.train.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
                                  token_logprobs)
@@ -109,8 +110,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Path | None = None, resume: bool = False):
         self.cfg = cfg
         check_plugins(cfg)
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
+        self.threads = ThreadGovernor(cfg.train.threads)
         torch.manual_seed(cfg.seed)
         self.device = torch.device(cfg.model.device)
         self.model, self.tokenizer = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.model.chat_template)
@@ -221,6 +221,7 @@ class Trainer:
 
     def collect(self) -> tuple[list, list, dict[str, float], float]:
         """Generate and score this step's rollouts (changes no weights)."""
+        self.threads.update()  # first, the cores other processes left free
         t0 = time.perf_counter()
         trajs, results, metrics = self._rollout()
         return trajs, results, metrics, t0
@@ -247,6 +248,7 @@ class Trainer:
         metrics.update({
             "perf/step_s": t_end - t0, "perf/update_s": t_end - t_rew,
             "perf/tokens_per_s": metrics["rollout/tokens"] / (t_end - t0), "actor/lr": self.sched.get_last_lr()[0],
+            "perf/threads": float(self.threads.threads), "perf/other_load": self.threads.other_load,
         })
         self.sched.step()
         return metrics

@@ -1,0 +1,294 @@
+"""Worker processes with deadlines: the one implementation of start, deadline, kill and restart.
+
+Everything assay runs in child processes with a deadline goes through `WorkerPool`: the
+reward executor's CPU workers, the sandbox's slot workers and the SQL reward's query
+workers. A worker runs a handler (`target`, called on each job) after an optional
+`setup` (called once; its return value is passed to the handler with each job). It tells
+the parent when it is ready, so a job's clock never includes start-up. A job that is not
+answered before its deadline, or whose worker dies (segfault, `os._exit`, out of memory,
+killed from outside), fails alone with a `WorkerFailure`; the worker is killed (SIGKILL) and
+replaced. Workers ignore SIGINT: Ctrl-C is the parent's to handle.
+
+Two ways to hand out jobs:
+
+- `map(jobs, deadlines)`: thread-safe; each job takes the next idle worker, so one-item
+  calls from many threads keep every worker busy (the sandbox, SQL queries).
+- `stream(jobs, deadline)`: one caller; jobs go out in small chunks and each result streams
+  back as soon as it is ready, each job with its own deadline; when a job fails, the rest
+  of its worker's chunk is sent again elsewhere (the reward executor).
+
+    >>> pool = WorkerPool("operator:neg", workers=1)
+    >>> pool.map([1, 2], [5.0, 5.0])
+    [-1, -2]
+    >>> pool.stream([3, 4], 5.0)
+    [-3, -4]
+    >>> pool.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import multiprocessing as mp
+import pickle
+import queue
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Iterator
+
+from assay.errors import AssayError
+from assay.registry import load_path
+
+
+@dataclass
+class WorkerFailure:
+    """A job whose worker died, hung past its deadline, or raised; `reason` is `timeout`, `crashed` or `raised`."""
+
+    error: str
+    reason: str = "raised"
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Start processes without re-running the user's script in them.
+
+    "spawn" and "forkserver" children import the parent's `__main__` from its file, which
+    runs a script that has no `if __name__ == "__main__":` guard a second time (and fails
+    with multiprocessing's bootstrapping error). Workers never need `__main__` (a handler
+    defined there must use "fork"), so while a child starts, the main module's file is
+    hidden and the child skips that import.
+    """
+    main = sys.modules.get("__main__")
+    path, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    if main is None or (path is None and spec is None):
+        yield
+        return
+    try:
+        if path is not None:
+            del main.__file__
+        main.__spec__ = None
+        yield
+    finally:
+        if path is not None:
+            main.__file__ = path
+        main.__spec__ = spec
+
+
+def _resolve(obj: Any) -> Any:
+    return load_path(obj) if isinstance(obj, str) else obj
+
+
+def _worker_main(conn: Connection, spec: bytes) -> None:
+    """A worker: set up, say ready, then answer chunks of `(index, job)` until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        target, setup, setup_args = pickle.loads(spec)
+        fn = _resolve(target)
+        state = _resolve(setup)(*setup_args) if setup is not None else None
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            chunk = conn.recv()
+        except (EOFError, OSError):
+            return
+        if chunk is None:
+            return
+        for idx, job in chunk:  # each result goes back as soon as it is ready
+            try:
+                out = fn(job) if setup is None else fn((state, job))
+            except Exception as e:  # a job's bug fails that job; the worker goes on
+                out = WorkerFailure(f"{type(e).__name__}: {e}")
+            try:
+                conn.send((idx, out))
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                conn.send((idx, WorkerFailure(f"result cannot be pickled: {e}")))
+
+
+class Worker:
+    """One worker process, its pipe, and the jobs sent to it (the first is running)."""
+
+    def __init__(self, ctx: Any, spec: bytes, ready_timeout: float, name: str = "worker") -> None:
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True)
+        with main_script_hidden():
+            self.proc.start()
+        child.close()
+        self.items: collections.deque[int] = collections.deque()
+        self.started = self.deadline = 0.0
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        if not self.conn.poll(timeout):
+            self.kill()
+            raise AssayError(f"{self.name} did not start within {timeout:g}s")
+        try:
+            kind, msg = self.conn.recv()
+        except (EOFError, OSError):
+            kind, msg = "error", f"the worker exited with code {self.proc.exitcode} while starting"
+        if kind != "ready":
+            self.kill()
+            raise AssayError(f"{self.name} failed to start: {msg}")
+
+    def send(self, chunk: list[tuple[int, Any]], timeout: float) -> None:
+        """Send jobs to run in order; the first one's clock starts now."""
+        self.conn.send(chunk)
+        self.items.extend(i for i, _ in chunk)
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+
+    def done(self, timeout: float) -> None:
+        """The first job came back; the next one's clock starts now."""
+        self.items.popleft()
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send(None)
+        self.proc.join(0.5)
+        self.kill()
+
+
+class WorkerPool:
+    """N worker processes running `target(job)` (or `target((state, job))` after `setup`); see the module docstring.
+
+    Args:
+        target: the handler, a `module:function` path or a picklable callable.
+        workers: number of processes.
+        setup: optional `module:function` (or callable) run once in each worker; its return is the state.
+        setup_args: arguments of `setup` (picklable).
+        start_method: "spawn" (default: a trainer's threads and CUDA state are never
+            forked), "forkserver" or "fork" (needed for handlers defined in `__main__`).
+        preload: modules the forkserver imports once, so each worker starts faster.
+        ready_timeout: seconds a worker may take to start.
+        name: what a worker is, for messages ("reward worker").
+    """
+
+    def __init__(self, target: str | Callable, workers: int = 2, setup: str | Callable | None = None, setup_args: tuple = (), *,
+                 start_method: str = "spawn", preload: tuple[str, ...] = (), ready_timeout: float = 120.0, name: str = "worker") -> None:
+        if start_method not in ("spawn", "forkserver", "fork"):
+            raise AssayError(f"worker pool: start_method must be 'spawn', 'forkserver' or 'fork', got {start_method!r}")
+        self._ctx = mp.get_context(start_method)
+        if start_method == "forkserver" and preload:
+            self._ctx.set_forkserver_preload(list(preload))
+        self._spec = pickle.dumps((target, setup, setup_args))
+        self._ready_timeout, self._name = ready_timeout, name
+        self._workers = [self._start() for _ in range(max(1, workers))]
+        self._idle: queue.Queue[int] = queue.Queue()
+        for w in range(len(self._workers)):
+            self._idle.put(w)
+        self._threads = ThreadPoolExecutor(len(self._workers), thread_name_prefix="assay-pool")
+        self.restarts = 0
+        atexit.register(self.close)
+
+    def _start(self) -> Worker:
+        return Worker(self._ctx, self._spec, self._ready_timeout, self._name)
+
+    def _replace(self, k: int) -> None:
+        self._workers[k].kill()
+        self._workers[k] = self._start()
+        self.restarts += 1
+
+    # ---------------------------------------------------------------- one job per worker, many threads
+
+    def map(self, jobs: list[Any], deadlines: list[float]) -> list[Any]:
+        """Results in job order; a job past its deadline (seconds) or whose worker died is a `WorkerFailure`."""
+        if len(jobs) == 1:
+            return [self.run_one(jobs[0], deadlines[0])]
+        return list(self._threads.map(self.run_one, jobs, deadlines))
+
+    def run_one(self, job: Any, deadline: float) -> Any:
+        """Run one job on the next idle worker, waiting at most `deadline` seconds for it."""
+        k = self._idle.get()
+        try:
+            w = self._workers[k]
+            start = time.monotonic()
+            w.conn.send([(0, job)])
+            if w.conn.poll(deadline):
+                return w.conn.recv()[1]
+            self._replace(k)
+            return WorkerFailure(f"timeout after {deadline:g}s (worker killed and restarted)", "timeout", round(time.monotonic() - start, 3))
+        except (EOFError, OSError) as e:
+            self._replace(k)
+            return WorkerFailure(f"worker crashed ({type(e).__name__})", "crashed")
+        finally:
+            self._idle.put(k)
+
+    # ---------------------------------------------------------------- chunks, one caller
+
+    def stream(self, jobs: list[Any], deadline: float, chunk: int = 8) -> list[Any]:
+        """Results in job order; each job has `deadline` seconds from when its worker starts it."""
+        results: list[Any] = [None] * len(jobs)
+        todo = collections.deque(range(len(jobs)))
+        while todo or any(w.items for w in self._workers):
+            for k in range(len(self._workers)):
+                if not self._workers[k].items and todo:
+                    self._dispatch(k, jobs, todo, deadline, chunk)
+            self._collect(results, todo, deadline)
+        return results
+
+    def _dispatch(self, k: int, jobs: list[Any], todo: collections.deque, deadline: float, chunk: int) -> None:
+        """Send worker k a chunk: small enough to balance the pool, large enough to save round trips."""
+        if not self._workers[k].proc.is_alive():  # died while idle (killed from outside)
+            self._replace(k)
+        size = max(1, min(chunk, len(todo) // (2 * len(self._workers))))
+        idxs = [todo.popleft() for _ in range(min(size, len(todo)))]
+        try:
+            self._workers[k].send([(i, jobs[i]) for i in idxs], deadline)
+        except (OSError, ValueError):  # died just now: restart and send the jobs again
+            todo.extendleft(reversed(idxs))
+            self._workers[k].items.clear()
+            self._replace(k)
+
+    def _collect(self, results: list[Any], todo: collections.deque, deadline: float) -> None:
+        busy = [w for w in self._workers if w.items]
+        if not busy:
+            return
+        ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], max(0.0, min(w.deadline for w in busy) - time.monotonic())))
+        for w in busy:
+            with contextlib.suppress(EOFError, OSError):
+                while w.items and w.conn.poll():
+                    idx, results[idx] = w.conn.recv()
+                    w.done(deadline)
+            if not w.items:
+                continue
+            now = time.monotonic()
+            if w.proc.sentinel in ready or not w.proc.is_alive():
+                self._fail_first(w, results, todo, WorkerFailure(f"worker crashed (exit code {w.proc.exitcode})", "crashed", round(now - w.started, 3)))
+            elif now >= w.deadline:
+                self._fail_first(w, results, todo, WorkerFailure(f"timeout after {deadline:g}s (worker killed and restarted)", "timeout",
+                                                                  round(now - w.started, 3)))
+
+    def _fail_first(self, w: Worker, results: list[Any], todo: collections.deque, failure: WorkerFailure) -> None:
+        """Fail the job the worker was on, put the rest of its chunk back, restart it."""
+        results[w.items.popleft()] = failure
+        todo.extendleft(reversed(w.items))
+        w.items.clear()
+        self._replace(self._workers.index(w))
+
+    def close(self) -> None:
+        """Stop every worker (politely, then SIGKILL)."""
+        for w in getattr(self, "_workers", []):
+            w.stop()
+        self._workers = []
+        if hasattr(self, "_threads"):
+            self._threads.shutdown(wait=False)
+
+    def __len__(self) -> int:
+        return len(self._workers)
