@@ -71,6 +71,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    from assay.recipes.build import pin_kernels
+
+    pin_kernels()  # before torch loads: the same floating-point code paths on any x86 machine
     from assay.recipes.build import build_bundled
 
     build_bundled(args.name, args.out, seed=args.seed)

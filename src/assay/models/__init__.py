@@ -57,9 +57,30 @@ def build_tiny_model(tokenizer, hidden: int = 256, layers: int = 4, heads: int =
     )
     torch.manual_seed(seed)
     model = model_cls(config).float()
+    init_weights(model, seed)
     if eos_ids:
         model.generation_config.eos_token_id = list(eos_ids)
     return model
+
+
+def init_weights(model, seed: int, std: float = 0.02) -> None:
+    """Set every parameter from one seeded generator, in name order: N(0, std²) for matrices and
+    embeddings, 1 for norm weights, 0 for biases.
+
+    The same weights for a seed whatever `transformers`' own initialisation does in a given
+    release, so a recipe rebuilds the same model after an upgrade.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 def resolve_model_path(path: str) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import sys
 import time
@@ -18,6 +19,20 @@ import yaml
 
 from assay.errors import AssayError
 from assay.models import BUNDLED_DIR, build_char_tokenizer, build_tiny_model, quiet_hf
+
+
+#: kernel choices a bundled model is built with, so a rebuild gives the same bytes on any x86-64
+#: machine with AVX2: torch's vectorised CPU kernels and MKL's matrix products both take their
+#: AVX2 code paths (Intel MKL's "conditional numerical reproducibility"), one thread each
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def pin_kernels() -> None:
+    """Set `PINNED_KERNELS` in the environment (a value already set is kept); call before torch is imported."""
+    if "torch" in sys.modules:
+        raise AssayError("pin_kernels() must run before torch is imported (run `assay pretrain`, or set the variables yourself)")
+    for k, v in PINNED_KERNELS.items():
+        os.environ.setdefault(k, v)
 
 
 def load_recipe(name: str) -> dict[str, Any]:
