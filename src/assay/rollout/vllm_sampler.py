@@ -41,6 +41,8 @@ from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, to
 from assay.types import Sample, Trajectory
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: the engines alive in this process (ids of their samplers)
+_LIVE: set[int] = set()
 #: KV cache of the engine on a CPU (vLLM otherwise sizes it from the machine's whole memory)
 CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -124,6 +126,7 @@ class VLLMSampler:
         except (ValueError, RuntimeError, TypeError) as e:
             self._folder.cleanup()
             raise AssayError(f"rollout.backend=vllm: the engine did not start: {str(e).splitlines()[0]}") from None
+        _LIVE.add(id(self))
         self._metrics: dict[str, float] = {}
         self.version = -1
         self.update_weights(model, 0)
@@ -179,12 +182,27 @@ class VLLMSampler:
             self.sleeping -= set(todo)
 
     def close(self) -> None:
-        """Shut the engine down and free its memory."""
+        """Shut the engine down and free its memory.
+
+        In-process engines share vLLM's process-wide distributed state, and shutting one
+        down tears that state down; so only the last one alive shuts down, the others are
+        let go (their memory is freed when collected).
+        """
         llm = getattr(self, "llm", None)
-        if llm is not None:
+        if llm is None:
+            return
+        del self.llm
+        _LIVE.discard(id(self))
+        core = llm.llm_engine.engine_core
+        if _LIVE:  # its finalizer would shut the engine core down, state and all, when it is collected
+            finalizer = getattr(core, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+        else:
             with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
-            del self.llm
+                core.shutdown()
+        del llm, core
+        if not _LIVE:
             shutdown_vllm_state()
         self._folder.cleanup()
 
