@@ -110,8 +110,6 @@ def run_assay(spec: dict) -> dict:
 
 def run_trl(spec: dict) -> dict:
     """TRL's `GRPOTrainer` with `use_vllm=True, vllm_mode="colocate"` on the same shape, timed per step and per generation."""
-    import dataclasses
-
     import datasets
     import torch
     import trl
@@ -128,8 +126,10 @@ def run_trl(spec: dict) -> dict:
     memory = DeviceMemory()
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, spec["dtype"])).to(spec["device"])
     gpu = spec["device"].startswith("cuda")
-    args = dataclasses.replace(trl_args(bench, spec["work_dir"]), use_cpu=not gpu, bf16=spec["dtype"] == "bfloat16", use_vllm=True,
-                               vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, gradient_checkpointing=False)
+    args = trl_args(bench, spec["work_dir"])  # the step shape of `assay bench train`; set after __post_init__, which derives batch sizes
+    for key, value in dict(use_cpu=not gpu, bf16=spec["dtype"] == "bfloat16", use_vllm=True, vllm_mode="colocate",
+                           vllm_gpu_memory_utilization=0.3, gradient_checkpointing=False).items():
+        setattr(args, key, value)
     reward = RecordingReward(task.reward, {s.prompt: len(tok(text=s.prompt)["input_ids"]) for s in samples}, bench.group_size)
     clock: dict[str, list] = {"end": [], "gen": []}
 
@@ -184,7 +184,8 @@ def run_one(framework: str, model: str, model_dir: Path, args, work: Path) -> di
     proc = subprocess.run([sys.executable, __file__, "--worker", str(spec_path)], capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+        where = [line.split("site-packages/")[-1].strip() for line in lines if "site-packages/trl/" in line]
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}") + (f" (in {where[-1]})" if where else "")}
     return summarise(json.loads(Path(spec["out"]).read_text()))
 
 

@@ -127,3 +127,16 @@ def test_assay_train_on_an_engine(tmp_path, name, request, engine_sampler, bundl
     assert len(steps) == 3
     assert all(r["engine/sync_diff_mean"] < 1e-3 and r["mismatch/abs_diff_mean"] < 1e-3 for r in steps)
     assert steps[0]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_assay_eval_and_pass_at_large_k_through_an_engine(name, request):
+    """`assay eval --backend NAME`: greedy accuracy equals the torch sampler's; pass@64 from 64 engine samples a problem."""
+    from assay.eval.run import evaluate_model
+
+    url = request.getfixturevalue("vllm_server") if name == "openai" else None
+    common = dict(task="arithmetic", n=40, workers=0)
+    torch_greedy = evaluate_model("tiny-arith", k=0, **common)
+    out = evaluate_model("tiny-arith", k=64, backend=name, server_url=url, **common)
+    assert out["accuracy"] == torch_greedy["accuracy"]
+    assert out["pass@64"] >= out["accuracy"] and out["pass@64"] > 0.9  # the bundled model's pass@8 is 98.6%
