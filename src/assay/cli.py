@@ -61,7 +61,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
                          chat_template=args.chat_template, run=args.run, reward=args.reward, n=args.n, k=args.k,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, backend=args.backend, device=args.device,
-                         seed=args.seed, workers=args.workers)
+                         seed=args.seed, workers=args.workers, server_url=args.server_url)
     if args.json:
         print(json.dumps(out))
     else:
@@ -132,7 +132,8 @@ def _eval_parser(sub) -> None:
     e.add_argument("--k", type=int, default=8, help="pass@k samples per problem (0: skip; default 8)")
     e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the pass@k samples (default 1.0)")
     e.add_argument("--max-new-tokens", type=int, default=None, help="completion length limit (default: the run's, else 6)")
-    e.add_argument("--backend", default="torch", help="generation backend (rollout.backend; default torch)")
+    e.add_argument("--backend", default="torch", help="generation backend: torch, vllm or openai (rollout.backend; default torch)")
+    e.add_argument("--server-url", default=None, help="--backend openai: the OpenAI-compatible server (rollout.server_url)")
     e.add_argument("--device", default="cpu")
     e.add_argument("--workers", type=int, default=2, help="reward worker processes (0: score in this process)")
     e.add_argument("--seed", type=int, default=0)

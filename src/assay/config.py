@@ -65,8 +65,9 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     backend: str = "torch"
-    """Generation backend: `torch` (in-process sampler over the learner's own model), or a
-    `module:attr` factory (`assay.rollout.base.SAMPLERS`)."""
+    """Generation backend: `torch` (in-process sampler over the learner's own model), `vllm`
+    (a vLLM engine in this process), `openai` (an OpenAI-compatible server at `server_url`),
+    or a `module:attr` factory (`assay.rollout.base.SAMPLERS`; docs/engines.md)."""
     prompts_per_step: int = Field(16, ge=1)
     """Prompts sampled per training step."""
     group_size: int = Field(8, ge=1)
@@ -77,6 +78,34 @@ class RolloutConfig(Section):
     """Sampling temperature; the trainer scores tokens under the same temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """`vllm`: extra keyword arguments of `vllm.LLM` (for example `{gpu_memory_utilization: 0.5,
+    max_model_len: 4096}`); they override assay's choices."""
+    sleep: bool | None = None
+    """`vllm`: release the engine's GPU memory (vLLM's sleep mode) while the learner updates
+    (null: on when the policy is on a CUDA device; vLLM has no sleep mode on CPU)."""
+    verify_sync: bool = True
+    """`vllm`, `openai`: after each weight sync, check that the engine's logprobs of a fixed
+    probe equal the learner's, and stop with one line when they do not."""
+    sync_tolerance: float | None = Field(None, gt=0.0)
+    """Largest mean |Δ logprob| of that check (null: 1e-3 in float32, 5e-2 in bfloat16, 2e-2 in float16)."""
+    server_url: str | None = None
+    """`openai`: the server's base URL, for example `http://127.0.0.1:8000` (a trailing `/v1` is allowed)."""
+    server_model: str | None = None
+    """`openai`: the model name the server knows (null: the first one it lists at `/v1/models`)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """`openai`: the environment variable holding the server's API key (sent when set)."""
+    max_concurrency: int = Field(8, ge=1)
+    """`openai`: requests in flight at once."""
+    request_timeout: float = Field(120.0, gt=0.0)
+    """`openai`: seconds one request may take."""
+    max_retries: int = Field(3, ge=0)
+    """`openai`: retries of a request that failed to connect, timed out or got a 5xx/429 answer (with backoff)."""
+    weight_sync: Literal["auto", "push", "none"] = "auto"
+    """`openai`: `push` the learner's weights after each update through vLLM's weight-transfer
+    routes (the server runs with `VLLM_SERVER_DEV_MODE=1` and assay's `assay_http` transfer
+    backend); `none`: a fixed server, trained off-policy with the staleness logged; `auto`:
+    push when the server offers the routes, else `none` with a warning."""
 
 
 class AlgoConfig(Section):
@@ -104,9 +133,10 @@ class AlgoConfig(Section):
     """Optimizer passes over each batch of rollouts."""
     minibatches: int = Field(1, ge=1)
     """Optimizer steps per pass (the batch is split into this many parts)."""
-    mismatch: Literal["none", "tis", "mis"] = "none"
+    mismatch: Literal["none", "tis", "mis"] | None = None
     """Rollout/trainer mismatch correction: `tis` truncates, `mis` masks the importance weight
-    π_trainer/π_sampler; either costs one extra forward pass per step (`none`: off)."""
+    π_trainer/π_sampler; either costs one extra forward pass per step (`none`: off; null: `tis`
+    for an engine backend such as `vllm` or `openai`, `none` for `torch`)."""
     mismatch_cap: float = Field(2.0, gt=0.0)
     """Upper bound on that weight (tis: truncated to it; mis: tokens above it are masked)."""
     mismatch_floor: float = Field(0.0, ge=0.0)
@@ -275,6 +305,14 @@ class RunConfig(Section):
                 raise ValueError("invalid config value sampling: give the section once, as selection (sampling is its old name)")
             data = {("selection" if k == "sampling" else k): v for k, v in data.items()}
         return data
+
+    @model_validator(mode="after")
+    def _mismatch_default(self) -> "RunConfig":
+        """`algo.mismatch: null` resolves by backend: the in-process sampler computes the learner's
+        own logprobs, any other backend gets truncated importance weights."""
+        if self.algo.mismatch is None:
+            self.algo.mismatch = "none" if self.rollout.backend == "torch" else "tis"
+        return self
 
     @model_validator(mode="after")
     def _pool_holds_a_batch(self) -> "RunConfig":

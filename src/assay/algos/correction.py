@@ -39,8 +39,8 @@ def mismatch_correction(
         `mismatch/k1` and `mismatch/k3` (estimates of KL(sampler ‖ trainer) per token),
         `mismatch/ratio_mean`, `mismatch/ratio_max`, `mismatch/corrected_frac` (the
         share of tokens whose weight was truncated (tis) or masked (mis)),
-        `mismatch/weight_mean` (mean weight over tokens) and `mismatch/abs_diff_max`
-        (the largest |log π_trainer − log π_sampler| of a token).
+        `mismatch/weight_mean` (mean weight over tokens), `mismatch/abs_diff_mean` and
+        `mismatch/abs_diff_max` (the mean and largest |log π_trainer − log π_sampler| of a token).
 
     >>> w, m = mismatch_correction(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, 0.0]]), torch.ones(1, 2))
     >>> [round(x, 4) for x in w[0].tolist()], round(m["mismatch/weight_mean"], 4), m["mismatch/abs_diff_max"]
@@ -72,6 +72,7 @@ def mismatch_correction(
         "mismatch/ratio_max": float(ratio[m].max()) if m.any() else 1.0,
         "mismatch/corrected_frac": float((corrected & m).sum() / n),
         "mismatch/weight_mean": float(weights.sum() / n),
+        "mismatch/abs_diff_mean": float(x.abs().sum() / n),
         "mismatch/abs_diff_max": float(x.abs().max()) if m.any() else 0.0,
     }
     return weights, metrics

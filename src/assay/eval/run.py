@@ -63,7 +63,8 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
                    fields: dict | None = None, format: str | None = None, chat: bool = False, system_prompt: str | None = None,
                    chat_template_kwargs: dict | None = None, chat_template: str | None = None, run: str | None = None,
                    reward: Any = None, n: int = 500, k: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
-                   backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2, timeout: float = 5.0) -> dict[str, Any]:
+                   backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2, timeout: float = 5.0,
+                   server_url: str | None = None) -> dict[str, Any]:
     """Greedy accuracy, pass@k and mean length of `model` on a task, a data file or a run's held-out data.
 
     Args:
@@ -79,6 +80,8 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
         reward: any reward spec (default: the task's, the format's or the run's verifier).
         n, k, temperature: problems, pass@k samples and their temperature (k=0: greedy only).
         max_new_tokens: completion limit (default: the run's, else 6).
+        backend, server_url: the generation backend (`rollout.backend`: torch, vllm, openai)
+            and, for `openai`, the server (it is given `model`'s weights when it takes them).
     Returns:
         `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`.
     """
@@ -104,7 +107,12 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
     context = getattr(policy.config, "max_position_embeddings", None)
     if context:  # the training-time rule: a prompt and its completion fit the model, else one line naming the prompt
         problems = PromptLimit(tokenizer, context - max_new_tokens, "error", context).apply(problems, "eval data")
-    sampler = make_sampler(backend, policy, tokenizer, None, device)
+    rollout = None
+    if backend != "torch":
+        from assay.config import RolloutConfig
+
+        rollout = RolloutConfig(backend=backend, server_url=server_url)
+    sampler = make_sampler(backend, policy, tokenizer, rollout, device)
     try:
         with RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout) as ex:
             r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)

@@ -76,7 +76,7 @@ SAMPLERS: Registry[Callable[..., Sampler]] = Registry("rollout backend")
 
 def check_backend(backend: str) -> Callable[..., Sampler]:
     """The factory of `rollout.backend`; one line naming the known backends for anything else."""
-    from assay.rollout import torch_sampler  # noqa: F401  (registers "torch")
+    from assay.rollout import engines, torch_sampler  # noqa: F401  (register "torch", "vllm", "openai"; no engine is imported)
 
     if backend not in SAMPLERS and ":" not in backend:
         raise AssayError(f"unknown rollout.backend {backend!r}; known: {', '.join(SAMPLERS.names())} (or a module:attr factory)")

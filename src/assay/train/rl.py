@@ -85,6 +85,13 @@ def rollout_metrics(trajs, results) -> dict[str, float]:
     }
 
 
+def sampler_metrics(sampler) -> dict[str, float]:
+    """What a backend reports about itself since it was last asked (`engine/*`: sync time and
+    probe agreement, staleness); nothing for a backend without a `metrics()` method."""
+    report = getattr(sampler, "metrics", None)
+    return report() if callable(report) else {}
+
+
 def _recent_reward(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The training reward averaged over the last tenth of the steps (at least 1, at most 20)."""
     vals = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
@@ -234,14 +241,16 @@ class Trainer:
         t_rew = time.perf_counter()
         prompts = list({t.group: t.sample for t in trajs}.values())  # one per group, in group order
         batch = collate(trajs, results, pad_id(self.tokenizer), self.device)
-        if cfg.algo.mismatch != "none":
+        if cfg.algo.mismatch not in (None, "none"):
             batch, mismatch = self._correct_mismatch(batch)
             metrics.update(mismatch)
         step = StepData(batch, trajs, results, prompts)
         extras = {name: extra(step) for name, extra in self.extras.items()}  # what the estimator declared it needs
         advantages = compute_advantages(batch, cfg.algo, extras, self.adv_args)  # [B, T]
+        self.sampler.sleep()  # an engine on a GPU lets go of its memory during the update; update_weights wakes it
         metrics.update(self._update(batch, advantages))
         self.sampler.update_weights(self.model, self.step + 1)
+        metrics.update(sampler_metrics(self.sampler))
         for name, extra in self.extras.items():  # after the policy: the critic fits the returns its values gave
             metrics.update(extra.after_update(step, extras[name]))
         t_end = time.perf_counter()

@@ -26,7 +26,9 @@ RUN_FILE = "run.json"
 
 #: dotted keys an override may change when a run is resumed
 SAFE_ON_RESUME = ("train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.threads", "reward_workers",
-                  "train.report_to")
+                  "train.report_to",
+                  # where the OpenAI-compatible server is and how it is called (a resumed run may find it elsewhere)
+                  "rollout.server_url", "rollout.api_key_env", "rollout.max_concurrency", "rollout.request_timeout", "rollout.max_retries")
 
 
 def run_record(step: int, evaluated_at: int | None, cfg: RunConfig) -> dict[str, Any]:

@@ -1,0 +1,142 @@
+"""The engine backends against real engines: a colocated vLLM and a real `vllm serve` process.
+
+Marked `engine`: run with `.venv-engine/bin/python -m pytest -m engine` (CI does). Each
+backend is one engine for the whole session (`engine_sampler` in conftest.py), except the
+training runs, which build their own sampler as `assay train` does.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from assay.config import load_config
+from assay.data.tasks import make_task
+from assay.errors import AssayError
+from assay.rollout.base import SamplingParams
+from assay.train import learner
+from assay.train.rl import Trainer
+from assay.types import RewardResult
+
+pytestmark = pytest.mark.engine
+ENGINES = ["vllm", "openai"]
+
+
+def moved(model, scale=0.05, seed=0):
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return out
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_first_update_logprobs_match_the_learners_within_1e_3(engine_sampler, bundled, name):
+    """The Done-when figure: a training step's rollouts (16 prompts × 8, T = 1) scored by the learner."""
+    model, tok = bundled
+    sampler = engine_sampler(name)
+    prompts = [s for _, s in zip(range(16), make_task("arithmetic").stream("train", 0))]
+    trajs = sampler.generate(prompts, 8, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
+    batch = learner.collate(trajs, [RewardResult(0.0)] * len(trajs), tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        lp, _ = learner.token_logprobs(model, batch, 1.0, fast=True)
+    diff = ((lp - batch.old_logprobs).abs() * batch.mask).sum() / batch.mask.sum()
+    assert diff < 1e-3
+    assert diff < 1e-5  # what it is here in fp32: rounding
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_the_probe_proves_each_sync(engine_sampler, bundled, name):
+    """A stale engine fails the probe check; after `update_weights` it passes, and scores like the new weights."""
+    model = bundled[0]
+    sampler = engine_sampler(name)
+    new = moved(model)
+    with pytest.raises(AssayError, match="weight sync to version .* failed"):
+        _check(sampler, new)  # the engine still holds `model`'s weights
+    try:
+        sampler.update_weights(new, 7)
+        report = sampler.metrics()
+        assert report["engine/sync_diff_mean"] < 1e-5 and report["engine/sync_s"] > 0
+        assert sampler.version == 7
+        with pytest.raises(AssayError, match="failed"):
+            _check(sampler, model)
+    finally:
+        sampler.update_weights(model, 0)
+        sampler.metrics()
+
+
+def _check(sampler, model):
+    from assay.rollout.sync import check_sync, learner_probe_logprobs
+
+    return check_sync(sampler.probe_logprobs(), learner_probe_logprobs(model, sampler.probe), sampler.tolerance, "engine", sampler.version)
+
+
+def test_a_sync_that_leaves_out_a_tied_weight_is_caught(engine_sampler, bundled):
+    """Sending `named_parameters()` drops the tied `lm_head.weight`; vLLM then keeps its LM head's old values."""
+    model = bundled[0]
+    sampler = engine_sampler("vllm")
+    new = moved(model, seed=1)
+    weights = [(n, p.detach()) for n, p in new.named_parameters()]  # remove_duplicate=True: no lm_head.weight
+    assert "lm_head.weight" not in dict(weights)
+    try:
+        sampler.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        sampler.llm.reset_prefix_cache()
+        with pytest.raises(AssayError, match="failed"):
+            _check(sampler, new)
+    finally:
+        sampler.update_weights(model, 0)
+        sampler.metrics()
+
+
+def test_a_fixed_server_trains_off_policy_and_logs_the_staleness(bundled, vllm_server):
+    from assay.config import RolloutConfig
+    from assay.rollout.base import make_sampler
+
+    model, tok = bundled
+    sampler = make_sampler("openai", model, tok, RolloutConfig(backend="openai", server_url=vllm_server, weight_sync="none"))
+    try:
+        sampler.update_weights(moved(model), 3)
+        assert sampler.metrics() == {"engine/staleness": 3.0}
+        trajs = sampler.generate(make_task("arithmetic").heldout(2), 2, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
+        assert {t.version for t in trajs} == {0}
+    finally:
+        sampler.close()
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_assay_train_on_an_engine(tmp_path, name, request, engine_sampler, bundled):
+    """A short `assay train` on the bundled task: weights synced and checked every step, mismatch correction on."""
+    extra = [f"rollout.server_url={request.getfixturevalue('vllm_server')}"] if name == "openai" else []
+    cfg = load_config(None, [f"rollout.backend={name}", "train.steps=3", "train.eval_every=0", "train.eval_n=50", "train.save_every=0",
+                             "reward_workers=0", f"output_dir={tmp_path}", "run_name=r", *extra])
+    assert cfg.algo.mismatch == "tis"
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit(progress=False)
+    finally:
+        trainer.sampler.close()
+        if name == "openai":  # the session's server now holds the trained weights: give it the bundled ones back
+            engine_sampler("openai").update_weights(bundled[0], 0)
+    import json
+
+    rows = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    steps = [r for r in rows if "engine/sync_diff_mean" in r]
+    assert len(steps) == 3
+    assert all(r["engine/sync_diff_mean"] < 1e-3 and r["mismatch/abs_diff_mean"] < 1e-3 for r in steps)
+    assert steps[0]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_assay_eval_and_pass_at_large_k_through_an_engine(name, request):
+    """`assay eval --backend NAME`: greedy accuracy equals the torch sampler's; pass@64 from 64 engine samples a problem."""
+    from assay.eval.run import evaluate_model
+
+    url = request.getfixturevalue("vllm_server") if name == "openai" else None
+    common = dict(task="arithmetic", n=40, workers=0)
+    torch_greedy = evaluate_model("tiny-arith", k=0, **common)
+    out = evaluate_model("tiny-arith", k=64, backend=name, server_url=url, **common)
+    assert out["accuracy"] == torch_greedy["accuracy"]
+    assert out["pass@64"] >= out["accuracy"] and out["pass@64"] > 0.9  # the bundled model's pass@8 is 98.6%
