@@ -43,7 +43,10 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax.set_xlabel("step")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(loc="best")
+        if ax.lines:
+            ax.legend(loc="best")
+        else:  # nothing was measured (no held-out data, or no step scored)
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
         fig.tight_layout()
         fig.savefig(out_dir / f".{name}.tmp", format="png")
         os.replace(out_dir / f".{name}.tmp", out_dir / name)  # never a half-written plot
