@@ -272,6 +272,27 @@ class TrainConfig(Section):
     `actor/skipped_frac` reports the share left out. False: every row runs."""
 
 
+class EnvConfig(Section):
+    """A multi-turn environment (docs/agents.md): each rollout is an episode of it, scored by its reward.
+
+    Without this block every rollout is one completion of the prompt, as before.
+    """
+
+    name: str
+    """A bundled environment (`calculator`, `sql-agent`) or a `module:attr` factory of the user's own."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment, for example `{syntax: json}`."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns per episode at most (each at most `rollout.max_new_tokens` tokens)."""
+    max_tokens: int | None = Field(None, ge=2)
+    """Tokens of a whole episode (prompt, turns and observations) at most (null: the model's context)."""
+    max_seconds: float = Field(60.0, gt=0.0)
+    """Wall time of one episode at most, checked before each turn."""
+    chat: bool = False
+    """Prompts and observations through the tokenizer's chat template (observations as `tool` messages),
+    for chat models; false: plain text, as the bundled character-level model reads."""
+
+
 class RunConfig(Section):
     """A whole `assay train` run."""
 
@@ -295,6 +316,9 @@ class RunConfig(Section):
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    env: EnvConfig | None = None
+    """A multi-turn environment (docs/agents.md); null: single-turn completions. With an
+    environment the default reward is the episode's (`episode`); a `reward` block replaces it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -312,6 +336,13 @@ class RunConfig(Section):
         own logprobs, any other backend gets truncated importance weights."""
         if self.algo.mismatch is None:
             self.algo.mismatch = "none" if self.rollout.backend == "torch" else "tis"
+        return self
+
+    @model_validator(mode="after")
+    def _env_without_gold(self) -> "RunConfig":
+        if self.env is not None and self.selection.inject_gold:
+            raise ValueError("invalid config value selection.inject_gold=True: a reference solution is one completion, "
+                             "not an episode of env; switch one of them off")
         return self
 
     @model_validator(mode="after")

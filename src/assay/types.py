@@ -66,6 +66,8 @@ class Trajectory:
         version: the policy version (optimizer steps taken) of the weights that sampled it.
         finish_reason: why generation stopped: `stop` (EOS), `length` (token limit) or a
             backend's or environment's own reason; by default derived from `finished`.
+        info: what made it besides the tokens: for an episode of an environment, its reward,
+            per-turn rewards and tool calls (`assay.rollout.multiturn`); empty otherwise.
     """
 
     sample: Sample
@@ -79,6 +81,7 @@ class Trajectory:
     turns: list[tuple[int, int]] | None = None
     version: int = 0
     finish_reason: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.finish_reason:

@@ -2,7 +2,9 @@
 
 Reads top to bottom. Every decision (which generation backend, estimator, extra, loss,
 aggregation, reward) is a plugin looked up by name; this file only moves data between
-them. Left out on purpose: asynchronous rollouts, multi-turn environments, distributed learners.
+them. With an `env:` block the sampler runs whole episodes of an environment
+(`assay.rollout.multiturn.EpisodeSampler`) and the default reward is the episode's; nothing
+else here changes. Left out on purpose: asynchronous rollouts, distributed learners.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from assay.report.run_report import PLOTS, write_report
 from assay.report.trackers import Trackers, check_trackers
 from assay.rewards.executor_factory import make_executor
 from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
+from assay.rollout.multiturn import counting_off, episode_sampler
 from assay.train.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
@@ -109,6 +112,10 @@ def check_plugins(cfg: RunConfig) -> None:
     estimator_args(cfg.algo)
     loss_args(cfg.algo)
     check_trackers(cfg.train.report_to)
+    if cfg.env is not None:
+        from assay.envs import env_factory
+
+        env_factory(cfg.env.name, cfg.env.args)
 
 
 class Trainer:
@@ -134,12 +141,14 @@ class Trainer:
         self.gold = GoldInjector(self.tokenizer, cfg.selection.gold_field, cfg.selection.success) if cfg.selection.inject_gold else None
         self.adv_args = estimator_args(cfg.algo)
         self.extras = build_extras(self, requirements(cfg.algo.advantage), cfg.algo.advantage)  # the critic too, when `values` is needed
-        self.executor = make_executor(cfg, self.source.reward)
+        self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
         if resume and run_dir is None:
             raise AssayError("--resume needs the run folder to continue")
         self.run_dir = Path(run_dir) if resume else new_run_dir(cfg, run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.sampler = make_sampler(cfg.rollout.backend, self.model, self.tokenizer, cfg.rollout, self.device)
+        if cfg.env is not None:  # each rollout is an episode of the environment
+            self.sampler = episode_sampler(self.sampler, self.model, self.tokenizer, cfg.env, context)
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
         self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
@@ -347,7 +356,8 @@ class Trainer:
         """Held-out greedy accuracy and length (nothing when the run has no held-out data)."""
         if not self.source.heldout:
             return {}
-        r = evaluate(self.sampler, self.executor.scorer(training=False), self.source.heldout, self.cfg.rollout.max_new_tokens)
+        with counting_off(self.sampler):  # held-out episodes stay out of the step's agent/* metrics
+            r = evaluate(self.sampler, self.executor.scorer(training=False), self.source.heldout, self.cfg.rollout.max_new_tokens)
         return {"eval/accuracy": r.accuracy, "eval/mean_length": r.mean_length}
 
     # -- the loop ----------------------------------------------------------------------

@@ -1,0 +1,150 @@
+"""The environment protocol for multi-turn episodes, the `ENVS` registry, and `ToolEnv`.
+
+An environment is Gymnasium-shaped, with text for observations and actions:
+
+- `reset(sample) -> str`: start an episode on one dataset row; the first observation
+  (the text the model is prompted with);
+- `step(action) -> (observation, reward, done, info)`: the model's turn (decoded text) in,
+  what the model is shown next, this turn's reward, whether the episode ended, and `info`
+  (`tool_calls`: the `ToolCall`s the turn made; `finish_reason`: why it ended).
+
+The episode's reward is the sum of its turns' rewards; `None` from the last step means
+"cannot be scored" (left out of baselines, as a reward's `None`). The rollout loop
+(`assay.rollout.multiturn`) owns the budgets (turns, tokens, wall time) and the tokens;
+an environment sees and returns text only. One instance serves one episode at a time;
+the loop makes one per episode with the registered factory.
+
+Adapters (a few lines each, not shipped):
+
+- Gymnasium: `reset(sample)` → `obs, _ = env.reset(options={"sample": sample})`;
+  `step(action)` → `obs, r, terminated, truncated, info = env.step(action)` and return
+  `obs, r, terminated or truncated, info` (the observation and action spaces are text).
+- TRL (`environment_factory` classes whose public methods are tools) and the verifiers
+  library (`ToolEnv(tools=[...])`, `MultiTurnEnv.env_response`): pass the same functions
+  to `ToolEnv` below, and put the rubric's scoring in `answer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from assay.envs.tools import ToolBox, ToolCall
+from assay.errors import AssayError
+from assay.registry import Registry
+from assay.rewards.base import REWARDS, Reward
+from assay.types import RewardResult, Sample, Trajectory
+
+
+class Step(NamedTuple):
+    """What `Environment.step` returns; unpacks as `observation, reward, done, info`."""
+
+    observation: str
+    reward: float | None
+    done: bool
+    info: dict[str, Any]
+
+
+class Environment:
+    """Base class of multi-turn environments (see the module docstring); subclasses define `reset` and `step`.
+
+    Attributes:
+        chat_role: the chat role an observation is shown under when the model has a chat
+            template (`tool` for tool results, `user` for a conversation partner).
+    """
+
+    chat_role = "tool"
+
+    def reset(self, sample: Sample) -> str:
+        raise NotImplementedError
+
+    def step(self, action: str) -> Step:
+        raise NotImplementedError
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The JSON schemas of the tools, for a chat template's `tools=` argument (None: no tools)."""
+        return None
+
+
+class ToolEnv(Environment):
+    """An environment whose turns are tool calls until the model answers.
+
+    A turn with a tool call (well formed or not) runs the calls and shows their
+    observations, one per line; a turn without one is the answer: `answer(text)` scores
+    it and the episode ends. Subclasses set the tools and write `prompt` and `answer`.
+
+    Args:
+        tools: functions or `Tool`s (`assay.envs.tools`).
+        syntax: `json` (`<tool_call>` blocks) or `bracket` (`[name args]`).
+        timeout_s: deadline of one tool call.
+    """
+
+    def __init__(self, tools: list[Any], syntax: str = "json", timeout_s: float = 5.0) -> None:
+        self.box = ToolBox(tools, syntax, timeout_s)
+        self.sample: Sample | None = None
+
+    def reset(self, sample: Sample) -> str:
+        self.sample = sample
+        return self.prompt(sample)
+
+    def prompt(self, sample: Sample) -> str:
+        """The first observation (default: the sample's prompt text)."""
+        return sample.prompt if isinstance(sample.prompt, str) else str(sample.prompt[-1].get("content", ""))
+
+    def answer(self, text: str) -> float | None:
+        """The final answer's reward."""
+        raise NotImplementedError
+
+    def step(self, action: str) -> Step:
+        if not self.box.has_call(action):
+            return Step("", self.answer(action), True, {"tool_calls": [], "finish_reason": "answer"})
+        calls = self.box.run(action)
+        return Step(self.render(calls), 0.0, False, {"tool_calls": calls})
+
+    def render(self, calls: list[ToolCall]) -> str:
+        """The observations of a turn's calls, as the model is shown them."""
+        return "".join(c.observation for c in calls) if self.box.syntax == "bracket" else "\n".join(c.observation for c in calls)
+
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return self.box.schemas
+
+
+#: environment name → factory `(**args) -> Environment` (a class, or any callable)
+ENVS: Registry[Callable[..., Environment]] = Registry("environment")
+
+
+def env_factory(name: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
+    """A function making a fresh environment `name` (registered, or `module:attr`) with `args`; checked once here."""
+    from assay import envs  # noqa: F401  (registers the bundled environments)
+
+    make = ENVS.get(name)
+    args = dict(args or {})
+
+    def build() -> Environment:
+        try:
+            env = make(**args)
+        except TypeError as e:
+            raise AssayError(f"env {name!r}: {e}") from None
+        if not callable(getattr(env, "reset", None)) or not callable(getattr(env, "step", None)):
+            raise AssayError(f"env {name!r} made a {type(env).__name__}, which has no reset/step methods")
+        return env
+
+    build()  # fail now, in one line, on a bad argument
+    return build
+
+
+@REWARDS.register("episode")
+class EpisodeReward(Reward):
+    """The reward an environment gave the episode (`Trajectory.info["reward"]`, set by the multi-turn loop).
+
+    None (cannot be scored) for a trajectory that is not an episode, or whose environment could not score it.
+    `kind` is "io": reading a number needs no worker process.
+    """
+
+    kind = "io"
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        if "reward" not in traj.info:
+            return RewardResult.failed("not an episode of an environment (no info['reward'])", score=None)
+        reward = traj.info["reward"]
+        return RewardResult(None if reward is None else float(reward),
+                            info={"reason": traj.finish_reason, "turns": traj.info.get("turns_total")})
