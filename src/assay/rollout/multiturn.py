@@ -25,7 +25,7 @@ How an observation becomes tokens:
   group's baseline; `agent/splits` counts them.
 
 Budgets: `max_turns` model turns, `max_tokens` for the whole sequence (prompt included;
-the model's context), `max_seconds` of wall time per episode (checked between turns; a
+the model's context), `max_seconds` of wall time per episode (checked between turns, so every episode has one; a
 tool's own deadline bounds a step). Every episode ends with a `finish_reason`: the
 environment's (`answer`, `done`), `max_turns`, `context`, `time` or `env_error` (the
 environment itself raised: the episode scores None and the run goes on).
@@ -141,7 +141,7 @@ class MultiTurn:
             e.finish = "max_turns"
         elif e.length >= self.budget.max_tokens:
             e.finish = "context"
-        elif time.monotonic() - e.started > self.budget.max_seconds:
+        elif e.n_turns and time.monotonic() - e.started > self.budget.max_seconds:  # every episode gets one turn
             e.finish = "time"
         return not e.finish
 
