@@ -14,7 +14,8 @@ render). A model calls tools in one of two syntaxes:
 
 `ToolBox.run` turns every call into an observation and an outcome, never an exception:
 `ok`, `parse_error` (malformed call, wrong arguments), `unknown_tool`, `tool_error` (the
-tool raised) or `timeout` (the tool ran past its deadline). Tools run in a daemon thread
+tool raised) or `timeout` (the tool ran past its deadline, or raised `TimeoutError` for a
+deadline of its own). Tools run in a daemon thread
 with a deadline; a thread cannot be killed, so a tool that never returns keeps its thread
 (it is abandoned and counted as a timeout). A tool that may hang for good, or that runs
 untrusted work, should do that work through `assay.workers.WorkerPool`, which kills its
@@ -188,6 +189,8 @@ class ToolBox:
         def call() -> None:
             try:
                 box["value"] = tool.fn(**kwargs)
+            except TimeoutError as e:  # the tool's own deadline (a query's progress handler, a subprocess timeout)
+                box["timeout"] = str(e)
             except Exception as e:  # the tool's own failure: an observation for the model
                 box["error"] = f"{type(e).__name__}: {e}"
 
@@ -196,6 +199,8 @@ class ToolBox:
         worker.join(self.timeout_s)
         if worker.is_alive():
             return self._done(name, "timeout", f"error: {name} ran past {self.timeout_s:g}s")
+        if "timeout" in box:
+            return self._done(name, "timeout", f"error: {name} timed out: {box['timeout']}")
         if "error" in box:
             return self._done(name, "tool_error", f"error: {box['error']}")
         return self._done(name, "ok", self.format(box["value"]))
