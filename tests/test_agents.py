@@ -184,7 +184,7 @@ BAD_JSON = [
     ('<tool_call>{"name": "boom", "arguments": {"x": "1"}}</tool_call>', "tool_error", "ValueError: kaboom"),
     ('<tool_call>{"name": "hang", "arguments": {"x": "1"}}</tool_call>', "timeout", "ran past 0.2s"),
 ]
-BAD_BRACKET = [("[add 2 40]", "ok", "=42"), ("[add 2]", "parse_error", "needs argument 'b'"), ("[add two 40]", "parse_error", "invalid literal"),
+BAD_BRACKET = [("[add 2 40]", "ok", "=42"), ("[add:2 40]", "ok", "=42"), ("[add 2]", "parse_error", "needs argument 'b'"), ("[add two 40]", "parse_error", "invalid literal"),
                ("[add 2 40", "parse_error", "a call is [name arguments]"), ("[sub 1 2]", "unknown_tool", "unknown tool"),
                ("[boom 1]", "tool_error", "kaboom"), ("[hang 1]", "timeout", "ran past")]
 

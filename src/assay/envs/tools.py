@@ -7,7 +7,8 @@ render). A model calls tools in one of two syntaxes:
 - `json`: `<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>`, the
   format of Qwen2.5/Qwen3 and Hermes chat templates;
 - `bracket`: `[add 1 2]` or `[calc 123+456]`, for the bundled character-level model: an
-  opening `[`, the tool name, one space, then the arguments up to the closing `]`. A tool
+  opening `[`, the tool name, one space (or `:`, which the bundled tokenizer can encode:
+  it drops spaces), then the arguments up to the closing `]`. A tool
   with one parameter gets the whole text after the name; a tool with several gets the
   text split on spaces (each converted to its annotated type). The observation is `=` and
   the result: `[calc 123+456]` → `=579`.
@@ -45,7 +46,7 @@ OUTCOMES = ("ok", "parse_error", "unknown_tool", "tool_error", "timeout")
 SYNTAXES = ("json", "bracket")
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 _JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_BRACKET_CALL = re.compile(r"\[([A-Za-z_][A-Za-z0-9_]*)(?: ([^\]]*))?\]")
+_BRACKET_CALL = re.compile(r"\[([A-Za-z_][A-Za-z0-9_]*)(?:[ :]([^\]]*))?\]")
 
 
 @dataclass
