@@ -5,9 +5,11 @@ are deterministic scripts (their observations do not depend on what a 1M-paramet
 arithmetic model says), so every figure below is exact.
 """
 
+import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from assay.rollout.multiturn import Budget, MultiTurn, episode_metrics
 from assay.train import learner
 from assay.types import RewardResult, Sample
 
+ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [Sample("a", "57+68="), Sample("b", "12+34="), Sample("c", "99+99=")]
 
 
@@ -268,6 +271,10 @@ def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
         assert r["agent/turns_mean"] >= 1 and r["agent/model_tokens"] > 0 and "agent/tool_calls/timeout" in r
         assert r["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and r["actor/logprob_diff"] < 1e-5
         assert r["reward/count"] == 16
+    docs = (ROOT / "docs" / "metrics.md").read_text()
+    agent_keys = {k for r in steps for k in r if k.startswith("agent/")}
+    families = [re.compile(re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in re.findall(r"`(agent/[a-z_<>/]+)`", docs)]
+    assert agent_keys and all(any(f.match(k) for f in families) for k in agent_keys)  # every agent metric is defined
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", "env.name=nope", f"output_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("assay: error: unknown environment 'nope'")

@@ -34,7 +34,7 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     task: str | None = "arithmetic"
-    """A built-in task (`arithmetic`, `countdown`); set to null to train on `path`."""
+    """A built-in task (`arithmetic`, `countdown`, `sql-agent`); set to null to train on `path`."""
     task_args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the built-in task, for example `{terms: 3, ops: "+-"}`."""
     path: str | None = None
