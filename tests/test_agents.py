@@ -278,3 +278,29 @@ def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", "env.name=nope", f"output_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("assay: error: unknown environment 'nope'")
+
+
+def test_an_env_run_resumes_bit_for_bit(tmp_path):
+    from _train_helpers import weights
+
+    from assay.train.rl import Trainer
+
+    def cfg(name, steps):
+        return load_config(None, [f"output_dir={tmp_path}", f"run_name={name}", f"train.steps={steps}", "train.eval_every=0",
+                                  "train.eval_n=8", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4",
+                                  "rollout.group_size=4", "train.threads=1", "optim.warmup_steps=0", "optim.lr=1e-3",
+                                  "env.name=_agents_env:Retry", "env.max_turns=3"])
+
+    full = Trainer(cfg("full", 4)).fit(progress=False).run_dir
+    cut = Trainer(cfg("cut", 2)).fit(progress=False).run_dir
+    Trainer(cfg("cut", 4), run_dir=cut, resume=True).fit(progress=False)
+
+    def steps(d):
+        return [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("_per_s")}
+                for r in read_metrics(d / "metrics.jsonl") if "actor/loss" in r]
+
+    assert steps(full) == steps(cut) and len(steps(full)) == 4
+    assert any(r["agent/turns_mean"] > 1 and r["agent/env_tokens"] > 0 for r in steps(full))  # retries happened
+    wf, wc = weights(full / "final"), weights(cut / "final")
+    assert all(wf[k].equal(wc[k]) for k in wf)
+    assert all(r["actor/grad_norm"] > 0 for r in steps(full))

@@ -1,0 +1,25 @@
+"""An environment for training tests, importable as `_agents_env:Retry`: arithmetic with retries."""
+
+import re
+
+from assay.envs import Environment, Step
+
+
+class Retry(Environment):
+    """The arithmetic problem; a wrong answer is told `no, again:` and may try again, up to `tries` turns; reward 1 when right."""
+
+    def __init__(self, tries: int = 3):
+        self.tries = tries
+
+    def reset(self, sample):
+        self.answer, self.left = str(sample.answer), self.tries
+        return sample.prompt
+
+    def step(self, action):
+        self.left -= 1
+        found = re.search(r"-?\d+", action)
+        if found and found.group() == self.answer:
+            return Step("", 1.0, True, {"finish_reason": "right"})
+        if self.left == 0:
+            return Step("", 0.0, True, {"finish_reason": "wrong"})
+        return Step("no,again:", 0.0, False, {})
