@@ -257,6 +257,8 @@ def test_config_block_is_validated():
         load_config(None, ["env.name=calculator", "env.turns=3"])
     with pytest.raises(AssayError, match="inject_gold"):
         load_config(None, ["env.name=calculator", "selection.inject_gold=true"])
+    for example in ("calculator-agent", "sql-agent"):  # the examples are valid configs (sql-agent also runs in test_agents_sql)
+        assert load_config(str(ROOT / "examples" / f"{example}.yaml")).env.max_turns == 3
 
 
 def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
@@ -275,6 +277,7 @@ def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
     agent_keys = {k for r in steps for k in r if k.startswith("agent/")}
     families = [re.compile(re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in re.findall(r"`(agent/[a-z_<>/]+)`", docs)]
     assert agent_keys and all(any(f.match(k) for f in families) for k in agent_keys)  # every agent metric is defined
+    assert (tmp_path / "r" / "agents.png").is_file() and 'src="agents.png"' in (tmp_path / "r" / "report.html").read_text()
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", "env.name=nope", f"output_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("assay: error: unknown environment 'nope'")

@@ -1,4 +1,5 @@
-"""The end-of-run report: PNG plots of reward and held-out accuracy, and an HTML page."""
+"""The end-of-run report: PNG plots of reward and held-out accuracy (and, for a run with an
+environment, turns and tool calls per episode), and an HTML page."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ PLOTS = {
     "reward.png": ("Training reward", [("reward/mean", "reward mean"), ("train/accuracy", "train accuracy")]),
     "heldout_accuracy.png": ("Held-out greedy accuracy", [("eval/accuracy", "held-out accuracy")]),
 }
+#: drawn only for a run whose rows have `agent/*` metrics (an `env:` block)
+AGENT_PLOTS = {
+    "agents.png": ("Episodes", [("agent/turns_mean", "turns per episode"), ("agent/tool_calls_per_episode", "tool calls per episode")]),
+}
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -23,14 +28,15 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 
 
 def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per entry of `PLOTS`; returns the files written."""
+    """One PNG per entry of `PLOTS` (and of `AGENT_PLOTS` when the run logged `agent/turns_mean`); returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for name, (title, keys) in PLOTS.items():
+    plots = {**PLOTS, **(AGENT_PLOTS if any("agent/turns_mean" in r for r in rows) else {})}
+    for name, (title, keys) in plots.items():
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
         for key, label in keys:
             x, y = _series(rows, key)
