@@ -147,7 +147,7 @@ def test_an_environment_that_raises_ends_its_episode_unscored(bundled, sampler):
             raise RuntimeError("env bug")
 
     trajs, _, _ = run_loop(bundled, sampler, Broken)
-    assert all(t.finish_reason == "env_error" and t.info["reward"] is None for t in trajs)
+    assert all(t.finish_reason == "env_error" and t.info["reward"] is None and t.info["env_error"] == "RuntimeError: env bug" for t in trajs)
     assert episode_metrics(trajs)["agent/env_errors"] == len(trajs)
 
 

@@ -78,6 +78,7 @@ class _Episode:
     parts: list[Trajectory] = field(default_factory=list)
     n_turns: int = 0
     finish: str = ""
+    error: str | None = None
 
     @property
     def length(self) -> int:
@@ -153,13 +154,12 @@ class MultiTurn:
         e.turns.append((start, len(e.ids)))
         e.versions.append(t.version)
         e.n_turns += 1
-        action = self.tokenizer.decode(t.completion_ids, skip_special_tokens=True)
+        action = self.tokenizer.decode(t.completion_ids, skip_special_tokens=True)  # a turn cut by max_new_tokens is given as it is
         try:
             obs, reward, done, info = e.env.step(action)
         except Exception as err:  # the environment's own bug: this episode cannot be scored, the run goes on
             e.rewards.append(None)
-            e.finish = "env_error"
-            e.calls.append(("env", f"{type(err).__name__}: {err}"[:200]))
+            e.finish, e.error = "env_error", f"{type(err).__name__}: {err}"[:300]
             return
         e.rewards.append(reward)
         e.calls += [(c.name, c.outcome) for c in info.get("tool_calls", [])]
@@ -200,7 +200,7 @@ class MultiTurn:
         reward = None if (not scored or e.rewards[-1:] == [None]) else float(sum(scored))
         for i, p in enumerate(parts):
             p.info.update(reward=reward, turn_rewards=list(e.rewards), tool_calls=list(e.calls), turns_total=e.n_turns,
-                          segment=i, segments=len(parts))
+                          segment=i, segments=len(parts), env_error=e.error)
         return parts
 
     def _trajectory(self, e: _Episode, finish: str) -> Trajectory:
@@ -233,11 +233,11 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "agent/model_tokens": float(sum(t.sampled_tokens for t in trajs)),
         "agent/env_tokens": float(sum(len(t.completion_ids) - t.sampled_tokens for t in trajs)),
         "agent/splits": float(sum(1 for t in trajs if t.finish_reason == "split")),
-        "agent/tool_calls_per_episode": len([c for c in calls if c[0] != "env"]) / max(1, len(firsts)),
+        "agent/tool_calls_per_episode": len(calls) / max(1, len(firsts)),
     }
     for outcome in OUTCOMES:
         m[f"agent/tool_calls/{outcome}"] = float(sum(1 for _, o in calls if o == outcome))
-    for name in sorted({n for n, _ in calls if n != "env"}):
+    for name in sorted({n for n, _ in calls}):
         m[f"agent/tool/{name}"] = float(sum(1 for n, _ in calls if n == name))
     m["agent/env_errors"] = float(sum(1 for t in firsts if t.finish_reason == "env_error"))
     return m
