@@ -23,3 +23,28 @@ class Retry(Environment):
         if self.left == 0:
             return Step("", 0.0, True, {"finish_reason": "wrong"})
         return Step("no,again:", 0.0, False, {})
+
+
+def hang_forever(x: str) -> str:
+    """Never returns (the isolated tool worker is killed at the deadline)."""
+    import time
+
+    while True:
+        time.sleep(1)
+
+
+def crash(x: str) -> str:
+    """Kills its own process."""
+    import os
+
+    os._exit(3)
+
+
+def double(x: int) -> int:
+    """Twice x."""
+    return 2 * x
+
+
+def fail(x: str) -> str:
+    """Always raises."""
+    raise ValueError("kaboom")

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,18 @@ def test_an_env_run_resumes_bit_for_bit(tmp_path):
     wf, wc = weights(full / "final"), weights(cut / "final")
     assert all(wf[k].equal(wc[k]) for k in wf)
     assert all(r["actor/grad_norm"] > 0 for r in steps(full))
+
+
+def test_isolated_tools_are_killed_at_their_deadline():
+    from _agents_env import crash, double, fail, hang_forever
+
+    box = ToolBox([double, hang_forever, crash, fail], syntax="bracket", timeout_s=1.0, isolate=True, workers=1)
+    assert [c.observation for c in box.run("[double 21]")] == ["=42"]
+    start = time.monotonic()
+    (call,) = box.run("[hang_forever x]")
+    assert call.outcome == "timeout" and time.monotonic() - start < 3.0
+    (call,) = box.run("[crash x]")
+    assert call.outcome == "tool_error" and "crashed" in call.observation
+    (call,) = box.run("[fail x]")
+    assert call.outcome == "tool_error" and "ValueError: kaboom" in call.observation
+    assert [c.observation for c in box.run("[double 4]")] == ["=8"]  # the replaced worker answers

@@ -76,10 +76,12 @@ class ToolEnv(Environment):
         tools: functions or `Tool`s (`assay.envs.tools`).
         syntax: `json` (`<tool_call>` blocks) or `bracket` (`[name args]`).
         timeout_s: deadline of one tool call.
+        isolate: run each call in a worker process killed at the deadline (tools must be
+            picklable module-level functions); False: a daemon thread.
     """
 
-    def __init__(self, tools: list[Any], syntax: str = "json", timeout_s: float = 5.0) -> None:
-        self.box = ToolBox(tools, syntax, timeout_s)
+    def __init__(self, tools: list[Any], syntax: str = "json", timeout_s: float = 5.0, isolate: bool = False) -> None:
+        self.box = ToolBox(tools, syntax, timeout_s, isolate=isolate)
         self.sample: Sample | None = None
 
     def reset(self, sample: Sample) -> str:

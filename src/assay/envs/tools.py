@@ -18,9 +18,10 @@ render). A model calls tools in one of two syntaxes:
 tool raised) or `timeout` (the tool ran past its deadline, or raised `TimeoutError` for a
 deadline of its own). Tools run in a daemon thread
 with a deadline; a thread cannot be killed, so a tool that never returns keeps its thread
-(it is abandoned and counted as a timeout). A tool that may hang for good, or that runs
-untrusted work, should do that work through `assay.workers.WorkerPool`, which kills its
-process at the deadline (the SQL agent's probes do).
+(it is abandoned and counted as a timeout). With `isolate=True` each call runs in an
+`assay.workers.WorkerPool` process instead, killed and replaced at the deadline (a crash is a
+`tool_error`); its tools must then be picklable module-level functions. The SQL agent's
+probes do their query work in such workers themselves.
 
     >>> def add(a: int, b: int) -> int:
     ...     '''Add two integers.'''
@@ -157,11 +158,13 @@ class ToolBox:
         max_chars: an observation is cut to this many characters.
     """
 
-    def __init__(self, tools: list[Callable[..., Any] | Tool], syntax: str = "json", timeout_s: float = 5.0, max_chars: int = 2000):
+    def __init__(self, tools: list[Callable[..., Any] | Tool], syntax: str = "json", timeout_s: float = 5.0, max_chars: int = 2000,
+                 isolate: bool = False, workers: int = 2):
         if syntax not in SYNTAXES:
             raise ValueError(f"unknown tool-call syntax {syntax!r}; known: {', '.join(SYNTAXES)}")
         self.tools = {t.name: t for t in map(Tool.from_function, tools)}
         self.syntax, self.timeout_s, self.max_chars = syntax, timeout_s, max_chars
+        self.isolate, self.workers = isolate, workers
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -185,11 +188,22 @@ class ToolBox:
             kwargs = tool.convert(tool.bind(args) if isinstance(args, str) else args)
         except (ValueError, TypeError) as e:
             return self._done(name, "parse_error", f"error: {e}")
+        box = self._in_process(tool.fn, kwargs) if self.isolate else self._in_thread(name, tool.fn, kwargs)
+        if box is None:
+            return self._done(name, "timeout", f"error: {name} ran past {self.timeout_s:g}s")
+        if "timeout" in box:
+            return self._done(name, "timeout", f"error: {name} timed out: {box['timeout']}")
+        if "error" in box:
+            return self._done(name, "tool_error", f"error: {box['error']}")
+        return self._done(name, "ok", self.format(box["value"]))
+
+    def _in_thread(self, name: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """`{"value"}`, `{"error"}` or `{"timeout"}` from a daemon thread; None when it is still running at the deadline."""
         box: dict[str, Any] = {}
 
         def call() -> None:
             try:
-                box["value"] = tool.fn(**kwargs)
+                box["value"] = fn(**kwargs)
             except TimeoutError as e:  # the tool's own deadline (a query's progress handler, a subprocess timeout)
                 box["timeout"] = str(e)
             except Exception as e:  # the tool's own failure: an observation for the model
@@ -198,13 +212,16 @@ class ToolBox:
         worker = threading.Thread(target=call, daemon=True, name=f"assay-tool-{name}")
         worker.start()
         worker.join(self.timeout_s)
-        if worker.is_alive():
-            return self._done(name, "timeout", f"error: {name} ran past {self.timeout_s:g}s")
-        if "timeout" in box:
-            return self._done(name, "timeout", f"error: {name} timed out: {box['timeout']}")
-        if "error" in box:
-            return self._done(name, "tool_error", f"error: {box['error']}")
-        return self._done(name, "ok", self.format(box["value"]))
+        return None if worker.is_alive() else box
+
+    def _in_process(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The same from a worker process, killed and replaced at the deadline."""
+        from assay.workers import WorkerFailure
+
+        out = _tool_pool(self.workers).map([(fn, kwargs)], [self.timeout_s])[0]
+        if isinstance(out, WorkerFailure):
+            return None if out.reason == "timeout" else {"error": out.error}
+        return out
 
     def format(self, value: Any) -> str:
         """A tool's return value as the model reads it (`=579` in the bracket syntax, JSON or text otherwise)."""
@@ -213,3 +230,28 @@ class ToolBox:
 
     def _done(self, name: str, outcome: str, text: str) -> ToolCall:
         return ToolCall(name, outcome, text[: self.max_chars])
+
+
+def call_tool(job: tuple[Callable[..., Any], dict[str, Any]]) -> dict[str, Any]:
+    """In a tool worker process: run one call; `{"value"}`, `{"error"}` or `{"timeout"}` (the tool's own deadline)."""
+    fn, kwargs = job
+    try:
+        return {"value": fn(**kwargs)}
+    except TimeoutError as e:
+        return {"timeout": str(e)}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+_POOLS: dict[int, Any] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _tool_pool(workers: int) -> Any:
+    """The tool worker pool of that size, started on first use and shared by every `ToolBox(isolate=True)`."""
+    from assay.workers import WorkerPool
+
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = WorkerPool("assay.envs.tools:call_tool", workers, name="tool worker")
+        return _POOLS[workers]
