@@ -323,3 +323,22 @@ def test_isolated_tools_are_killed_at_their_deadline():
     (call,) = box.run("[fail x]")
     assert call.outcome == "tool_error" and "ValueError: kaboom" in call.observation
     assert [c.observation for c in box.run("[double 4]")] == ["=8"]  # the replaced worker answers
+
+
+@pytest.mark.parametrize("module", ["assay.envs.tools", "assay.envs.calculator"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    assert doctest.testmod(importlib.import_module(module)).failed == 0
+
+
+def test_held_out_episodes_stay_out_of_the_step_metrics(bundled, sampler):
+    from assay.rollout.multiturn import EpisodeSampler, counting_off
+
+    episodes = EpisodeSampler(sampler, MultiTurn(sampler, bundled[1], lambda: Echo(turns=2), Budget(4, 256)))
+    with counting_off(episodes):
+        episodes.generate(PROMPTS, 2, SamplingParams(4, 0.0))
+    assert episodes.metrics() == {} and episodes.counting
+    episodes.generate(PROMPTS, 2, SamplingParams(4, 1.0), torch.Generator().manual_seed(0))
+    assert episodes.metrics()["agent/turns_mean"] == 2.0 and episodes.metrics() == {}  # asked once, then empty
