@@ -37,8 +37,8 @@ def chat(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
 
 
-def episodes(model, tok, n=3):
-    loop = MultiTurn(make_sampler("torch", model, tok), tok, Echo, Budget(max_turns=5, max_tokens=512), chat=True, stop=stop_ids(model, tok))
+def episodes(model, tok, n=3, max_turns=5):
+    loop = MultiTurn(make_sampler("torch", model, tok), tok, Echo, Budget(max_turns=max_turns, max_tokens=512), chat=True, stop=stop_ids(model, tok))
     return loop.run([Sample("a", "What is 2 + 2?")], n, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
 
 
@@ -71,3 +71,6 @@ def test_a_template_that_rewrites_history_splits_the_episode_explicitly(chat):
         assert [p.finish_reason for p in parts] == ["split", "split", "answer"]
         assert all(len(p.turns) == 1 and all(p.loss_mask) and p.info["reward"] == 1.0 for p in parts)
         assert tok.decode(parts[2].prompt_ids).endswith("<|im_start|>tool\nresult 2<|im_end|>\n<|im_start|>assistant\n")
+
+    trajs = episodes(model, tok, n=2, max_turns=2)  # split after turn 2, then out of turns: no empty third part
+    assert [p.finish_reason for p in trajs] == ["split", "max_turns"] * 2 and all(len(p.turns) == 1 for p in trajs)

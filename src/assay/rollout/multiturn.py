@@ -106,7 +106,7 @@ class MultiTurn:
         """`n` episodes of each sample; one trajectory per episode (more when a chat episode splits), grouped by sample."""
         episodes = [self._start(s, g) for g, s in enumerate(samples) for _ in range(n)]
         while True:
-            active = [e for e in episodes if not e.finish and self._within_budget(e, params)]
+            active = [e for e in episodes if self._within_budget(e)]
             if not active:
                 break
             by_room: dict[int, list[_Episode]] = {}
@@ -134,7 +134,7 @@ class MultiTurn:
             messages, ids = None, self._encode(obs)
         return _Episode(sample, group, env, ids, messages, time.monotonic())
 
-    def _within_budget(self, e: _Episode, params: SamplingParams) -> bool:
+    def _within_budget(self, e: _Episode) -> bool:
         """False (and the episode finished) when it may not take another turn."""
         if e.finish:
             return False
@@ -195,7 +195,11 @@ class MultiTurn:
         return tail + after[len(before):]
 
     def _close(self, e: _Episode) -> list[Trajectory]:
-        parts = [*e.parts, self._trajectory(e, e.finish or "max_turns")]
+        if e.turns or not e.parts:
+            parts = [*e.parts, self._trajectory(e, e.finish or "max_turns")]
+        else:  # split, then the episode ended before another turn: the last part ends it
+            parts = e.parts
+            parts[-1].finish_reason, parts[-1].finished = e.finish, e.finish not in ("max_turns", "context", "time")
         scored = [r for r in e.rewards if r is not None]
         reward = None if (not scored or e.rewards[-1:] == [None]) else float(sum(scored))
         for i, p in enumerate(parts):
