@@ -128,6 +128,7 @@ def test_metrics_count_turns_and_tokens(bundled, sampler):
     assert m["agent/model_tokens"] == sum(sum(t.loss_mask) for t in trajs)
     assert m["agent/env_tokens"] == sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs) > 0
     assert m["agent/model_tokens"] + m["agent/env_tokens"] == sum(len(t.completion_ids) for t in trajs)
+    assert m["agent/finish/answer"] == 1.0
 
 
 def test_budgets_end_episodes(bundled, sampler):

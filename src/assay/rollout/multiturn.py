@@ -244,6 +244,9 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     for name in sorted({n for n, _ in calls}):
         m[f"agent/tool/{name}"] = float(sum(1 for n, _ in calls if n == name))
     m["agent/env_errors"] = float(sum(1 for t in firsts if t.finish_reason == "env_error"))
+    lasts = [t for t in trajs if t.info.get("segment", 0) == t.info.get("segments", 1) - 1]  # how each episode ended
+    for reason in sorted({t.finish_reason for t in lasts}):
+        m[f"agent/finish/{reason}"] = sum(1 for t in lasts if t.finish_reason == reason) / len(lasts)
     return m
 
 
