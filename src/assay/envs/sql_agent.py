@@ -21,6 +21,11 @@ Probes run in the SQL verifier's worker processes on a read-only connection (`mo
 killed at 1.5×) and a row cap: a result over `max_rows` rows is refused, not cut. The gold
 query and its result live only in this process (the sample's fields and the verifier's
 cache), never in the database, so no probe can read them.
+
+The set-up (an isolated executable database per task, a hidden execution oracle, the agent
+probing inside its harness before it answers) follows HarnessSQL, "Harness-native
+post-training for multi-turn database agents"; the databases here are tiny and generated, a
+smoke test of the wiring rather than a benchmark.
 """
 
 from __future__ import annotations
