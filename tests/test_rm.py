@@ -230,6 +230,11 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     assert out["rows"] == 60 and out["pairs"] == 60 and 0.0 <= out["pair_accuracy"] <= 1.0
     last = read_metrics(tmp_path / "cli" / "metrics.jsonl")[-1]
     assert out["pair_accuracy"] == last["eval/pair_accuracy"]  # the saved model scores as the trained one did
+    rb2 = write_jsonl(tmp_path / "rb2.jsonl", [{"id": str(i), "prompt": "3+4=", "chosen": ["7"], "rejected": ["8", "17", "6"], "subset": "Math"}
+                                               for i in range(2)])
+    p = assay("rm", "eval", "--path", str(tmp_path / "cli" / "final"), "--data", str(rb2), "--json")
+    out = json.loads(p.stdout)
+    assert out["rows"] == 2 and out["pairs"] == 6 and out["best_of_n_rows"] == 2 and out["best_of_n_accuracy"] in (0.0, 1.0)
 
     # RL with the reward model as the reward, through the CLI
     p = assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=rl", "train.steps=2", "train.eval_n=4",
