@@ -39,6 +39,18 @@ def write_jsonl(path, rows):
     return path
 
 
+def assert_keys_documented(run_dir):
+    """Every key the run logged has its definition in docs/metrics.md (`eval/pair_accuracy/<subset>` is a family)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    keys = re.findall(r"`([a-z0-9_<>]+(?:/[a-z0-9_@<>]+)+)`", text)
+    documented = [re.compile(re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in keys]
+    logged = {k for r in read_metrics(run_dir / "metrics.jsonl") for k in r if k != "step"}
+    assert not sorted(k for k in logged if not any(d.match(k) for d in documented))
+
+
 def rm_args(tmp_path, model_dir, data, name, *extra):
     return [f"model={model_dir}", f"data.path={data}", f"output_dir={tmp_path}", f"run_name={name}", "train.threads=1",
             "train.batch_size=8", "optim.lr=2e-3", "optim.warmup_steps=2", "data.eval_fraction=0.25", *extra]
@@ -107,6 +119,12 @@ def test_rewardbench_rows_and_field_mapping(tmp_path):
     mapped = write_jsonl(tmp_path / "m.jsonl", [{"question": "q", "good": "a", "bad": "b"}])
     (c,) = read_comparisons(str(mapped), {"prompt": "question", "chosen": "good", "rejected": "bad"})
     assert (c.prompt, c.chosen, c.rejected) == ("q", ["a"], ["b"])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"prompt": "q", "chosen": ["a", "b"], "rejected": ["c"]}]), tmp_path / "p.parquet")
+    (c,) = read_comparisons(str(tmp_path / "p.parquet"))
+    assert c.pairs() == [("a", "c"), ("b", "c")]
 
 
 @pytest.mark.parametrize("rows,needle", [
@@ -166,6 +184,7 @@ def test_tiny_run_learns_separable_pairs_and_scores_as_a_reward(tmp_path, tiny_m
     assert rows[-1]["eval/pair_accuracy"] == 1.0 and rows[-1]["eval/bt_loss"] < rows[0]["eval/bt_loss"] / 4
     for key in ("rm/loss", "rm/bt_loss", "rm/accuracy", "rm/margin", "rm/grad_norm", "rm/lr", "rm/length_corr", "eval/pair_accuracy/s"):
         assert key in rows[-1] or key in rows[0], key
+    assert_keys_documented(result.run_dir)
     reward = build_reward({"name": "rm", "args": {"path": str(result.run_dir)}})
     trajs = [Trajectory(Sample(str(i), "99+1=", None), text, [], [], [], True) for i, text in enumerate(["yes", "no", "yes"])]
     scores = [r.score for r in reward(trajs)]
@@ -197,6 +216,7 @@ def test_time_limit_ends_the_run_cleanly(tmp_path, tiny_model_dir):
     last = read_metrics(result.run_dir / "metrics.jsonl")[-1]
     assert last["step"] == 1 and last["rm/stopped_early"] == 1.0 and "eval/pair_accuracy" in last
     assert (result.run_dir / "checkpoints" / "step_000001").is_dir() and (result.model_dir / "model.safetensors").is_file()
+    assert_keys_documented(result.run_dir)
 
 
 # ---------------------------------------------------------------- the CLI, end to end
@@ -224,6 +244,9 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
               "run_name=cli", "train.steps=4", "train.batch_size=8", "train.threads=1", "--no-progress")
     assert p.returncode == 0, p.stderr
     assert "eval/pair_accuracy/longer" in p.stderr and (tmp_path / "cli" / "final" / "model.safetensors").is_file()
+    p = assay("rm", "train", "--resume", str(tmp_path / "cli"), "train.steps=5", "--no-progress")  # one more step
+    assert p.returncode == 0, p.stderr
+    assert [r["step"] for r in read_metrics(tmp_path / "cli" / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
     p = assay("rm", "eval", "--path", str(tmp_path / "cli"), "--data", str(held_file), "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from assay.errors import AssayError
 from assay.rewards.base import REWARDS, Reward, score_safely
 from assay.types import RewardResult, Trajectory
 
@@ -71,12 +70,3 @@ class RMReward(Reward):
         scores = score_texts(model, encoder, [(t.sample.prompt, t.completion) for t in batch], self.batch_size)
         return [RewardResult(s) for s in scores]
 
-
-def score_pairs(path: str, items: list[tuple[Any, str]], device: str = "cpu", batch_size: int = 64) -> list[float]:
-    """Scores of `(prompt, response)` items under the reward model at `path` (loaded once per process)."""
-    from assay.rm.model import score_texts
-
-    if not items:
-        raise AssayError("nothing to score")
-    model, encoder = loaded(path, device)
-    return score_texts(model, encoder, items, batch_size)
