@@ -185,6 +185,7 @@ def test_tiny_run_learns_separable_pairs_and_scores_as_a_reward(tmp_path, tiny_m
     for key in ("rm/loss", "rm/bt_loss", "rm/accuracy", "rm/margin", "rm/grad_norm", "rm/lr", "rm/length_corr", "eval/pair_accuracy/s"):
         assert key in rows[-1] or key in rows[0], key
     assert_keys_documented(result.run_dir)
+    assert {"report.html", "rm_loss.png", "heldout_pair_accuracy.png"} <= {p.name for p in result.run_dir.iterdir()}
     reward = build_reward({"name": "rm", "args": {"path": str(result.run_dir)}})
     trajs = [Trajectory(Sample(str(i), "99+1=", None), text, [], [], [], True) for i, text in enumerate(["yes", "no", "yes"])]
     scores = [r.score for r in reward(trajs)]

@@ -27,6 +27,7 @@ from assay.config import apply_override
 from assay.errors import AssayError
 from assay.log import log
 from assay.report.metrics import JsonlSink
+from assay.report.run_report import write_report
 from assay.rm.config import SAFE_ON_RESUME, RMConfig, validate
 from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, split_by_prompt, to_pairs
 from assay.rm.eval import evaluate_rm
@@ -197,4 +198,19 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
     final = run_dir / "final"
     save_rm(final, model, tok, {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "train_pairs": len(pairs),
                                 "heldout_rows": len(heldout), "loss": cfg.loss.model_dump()})
+    summary = {"steps": steps, "train pairs": len(pairs), "held-out rows": len(heldout),
+               **{k: v for k, v in last.items() if k.startswith("eval/")}, "reward model": str(final)}
+    write_report(run_dir, cfg.model_dump(mode="json"), summary, report_plots(run_dir))
     return RMResult(run_dir, final, last)
+
+
+def report_plots(run_dir: Path) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """The run report's plots: training loss and batch accuracy; held-out pairwise accuracy, overall and per subset."""
+    from assay.report.metrics import read_metrics
+
+    subsets = sorted({k for r in read_metrics(run_dir / "metrics.jsonl") for k in r if k.startswith("eval/pair_accuracy/")})
+    return {
+        "rm_loss.png": ("Training loss and batch accuracy", [("rm/loss", "loss"), ("rm/accuracy", "batch pairwise accuracy")]),
+        "heldout_pair_accuracy.png": ("Held-out pairwise accuracy",
+                                      [("eval/pair_accuracy", "all"), *((k, k.rsplit("/", 1)[1]) for k in subsets)]),
+    }
