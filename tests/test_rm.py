@@ -220,6 +220,28 @@ def test_time_limit_ends_the_run_cleanly(tmp_path, tiny_model_dir):
     assert_keys_documented(result.run_dir)
 
 
+def test_sigterm_saves_the_finished_step_and_resume_continues(tmp_path, tiny_model_dir):
+    import signal
+    import time
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    args = rm_args(tmp_path, tiny_model_dir, data, "sig", "train.steps=100000", "train.save_every=0", "train.eval_every=0")
+    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "rm", "train", *args, "--no-progress"], stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "continue with: assay rm train --resume" in err.splitlines()[-1]
+    rows = read_metrics(metrics)
+    step = rows[-1]["step"]
+    assert [r["step"] for r in rows] == list(range(step + 1)) and (tmp_path / "sig" / "checkpoints" / f"step_{step:06d}").is_dir()
+    resumed = train_rm(resume=tmp_path / "sig", overrides=[f"train.steps={step + 2}"])
+    assert [r["step"] for r in read_metrics(metrics)] == list(range(step + 3)) and resumed.final["rm/loss"] > 0
+
+
 # ---------------------------------------------------------------- the CLI, end to end
 
 

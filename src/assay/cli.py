@@ -100,14 +100,23 @@ def cmd_reward_list(args: argparse.Namespace) -> int:
 def cmd_rm_train(args: argparse.Namespace) -> int:
     from assay.rm.config import load_rm_config
     from assay.rm.train import train_rm
+    from assay.train.interrupt import Preempted
 
     config_path, overrides = split_train_args(args.args)
-    if args.resume:
-        if config_path:
-            raise AssayError(f"--resume continues the run with its own config; drop {config_path!r}")
-        result = train_rm(resume=args.resume, overrides=overrides, progress=not args.no_progress)
-    else:
-        result = train_rm(load_rm_config(config_path, overrides), progress=not args.no_progress)
+    if args.resume and config_path:
+        raise AssayError(f"--resume continues the run with its own config; drop {config_path!r}")
+    try:
+        if args.resume:
+            result = train_rm(resume=args.resume, overrides=overrides, progress=not args.no_progress)
+        else:
+            result = train_rm(load_rm_config(config_path, overrides), progress=not args.no_progress)
+    except (KeyboardInterrupt, Preempted) as e:
+        how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)
+        if getattr(e, "run_dir", None) is None:  # before the first step: nothing was saved
+            raise
+        print(f"assay: {how} at step {e.step}; checkpoint saved; continue with: assay rm train --resume {e.run_dir}",  # type: ignore[attr-defined]
+              file=sys.stderr)
+        return code
     for k, v in result.final.items():
         if k.startswith("eval/"):
             print(f"{k}: {v}", file=sys.stderr)

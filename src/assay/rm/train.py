@@ -33,6 +33,7 @@ from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, spl
 from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
+from assay.train.interrupt import Preempted, StopSignals
 from assay.train.checkpoint import clean_leftovers, latest_checkpoint, load_state, prune_checkpoints, save_checkpoint
 from assay.train.progress import RunProgress, _f
 from assay.train.runs import RUN_FILE, check_writable
@@ -122,6 +123,43 @@ def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, opt, s
     return metrics
 
 
+def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pairs: list[Pair], heldout: list[Comparison], cfg: RMConfig,
+              opt, sched, sink: JsonlSink, bar: RMProgress, last: dict[str, Any]) -> bool:
+    """Train step `step`, evaluate when due, log its row into `last` and the sink; True when it is the run's last step."""
+    t0 = time.perf_counter()
+    batch = [pairs[i] for i in batch_indices(len(pairs), cfg.train.batch_size, cfg.seed, step - 1)]
+    last.clear()
+    last.update(train_step(model, encoder, batch, cfg, opt, sched))
+    last["rm/step_seconds"] = time.perf_counter() - t0
+    last["rm/epoch"] = (step * cfg.train.batch_size) / len(pairs)
+    out_of_time = bool(cfg.train.time_limit) and time.perf_counter() - started >= cfg.train.time_limit and step < steps
+    end = step == steps or out_of_time
+    if out_of_time:
+        last["rm/stopped_early"] = 1.0
+    every = cfg.train.eval_every
+    if heldout and ((every and step % every == 0) or end):
+        last.update(evaluate_rm(model, encoder, heldout))
+    last["rm/elapsed_seconds"] = time.perf_counter() - started
+    sink.log(step, last)
+    bar.update(step, last)
+    if out_of_time:
+        bar.note(f"train.time_limit={cfg.train.time_limit:g}s reached: stopped after step {step} of {steps}")
+    return end
+
+
+def _restore(ckpt: Path, model, opt, sched) -> int:
+    """Load a checkpoint's weights, AdamW, schedule and RNG state; returns its step."""
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    state = load_state(ckpt)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"])
+
+
 def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: RMConfig, sink: JsonlSink) -> None:
     sink.sync()
     state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
@@ -152,48 +190,36 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
     encoder = Encoder(tok, cfg.data.max_length)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.optim.warmup_steps))
-    start = 0
-    if ckpt is not None:
-        from safetensors.torch import load_file
-
-        model.load_state_dict(load_file(ckpt / "model.safetensors"))
-        state = load_state(ckpt)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        random.setstate(state["rng"]["python"])
-        torch.set_rng_state(state["rng"]["torch"])
-        start = state["step"]
+    start = _restore(ckpt, model, opt, sched) if ckpt is not None else 0
     sink = JsonlSink(run_dir / "metrics.jsonl", truncate_after=start if ckpt is not None else None)
-    steps, every = cfg.train.steps, cfg.train.eval_every
+    steps = cfg.train.steps
     if start >= steps:
         log.warning(f"{run_dir}: already trained {start} of {steps} steps; nothing to do (raise train.steps to go on)")
     if start == 0 and heldout:
         sink.log(0, evaluate_rm(model, encoder, heldout))
     model.train()
     last: dict[str, Any] = {}
-    with RMProgress(steps, start, enabled=progress) as bar:
-        for step in range(start + 1, steps + 1):
-            t0 = time.perf_counter()
-            batch = [pairs[i] for i in batch_indices(len(pairs), cfg.train.batch_size, cfg.seed, step - 1)]
-            last = train_step(model, encoder, batch, cfg, opt, sched)
-            last["rm/step_seconds"] = time.perf_counter() - t0
-            last["rm/epoch"] = (step * cfg.train.batch_size) / len(pairs)
-            out_of_time = bool(cfg.train.time_limit) and time.perf_counter() - started >= cfg.train.time_limit and step < steps
-            end = step == steps or out_of_time
-            if out_of_time:
-                last["rm/stopped_early"] = 1.0
-            if heldout and ((every and step % every == 0) or end):
-                last.update(evaluate_rm(model, encoder, heldout))
-            last["rm/elapsed_seconds"] = time.perf_counter() - started
-            sink.log(step, last)
-            bar.update(step, last)
-            if (cfg.train.save_every and step % cfg.train.save_every == 0) or end:
-                _save(run_dir, step, model, tok, opt, sched, cfg, sink)
-            if out_of_time:
-                bar.note(f"train.time_limit={cfg.train.time_limit:g}s reached: stopped after step {step} of {steps}")
-                steps = step
-                break
-    sink.close()
+    done, saved = start, start
+    with RMProgress(steps, start, enabled=progress) as bar, StopSignals(notify=bar.note) as signals:
+        try:
+            for step in range(start + 1, steps + 1):
+                with signals.critical():  # a step is short: a signal waits for it, then the run saves and stops
+                    end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last)
+                    done = step
+                    if (cfg.train.save_every and step % cfg.train.save_every == 0) or end:
+                        _save(run_dir, step, model, tok, opt, sched, cfg, sink)
+                        saved = step
+                signals.raise_pending()
+                if end:
+                    steps = step
+                    break
+        except (KeyboardInterrupt, Preempted) as e:
+            if not signals.torn and saved != done:
+                _save(run_dir, done, model, tok, opt, sched, cfg, sink)
+            e.run_dir, e.step = run_dir, done  # type: ignore[attr-defined]
+            raise
+        finally:
+            sink.close()
     model.eval()
     final = run_dir / "final"
     save_rm(final, model, tok, {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "train_pairs": len(pairs),
