@@ -102,6 +102,21 @@ def test_best_of_n_and_subsets_by_hand():
     assert m["pair_accuracy/x"] == pytest.approx(5 / 6) and m["pair_accuracy/y"] == 0.0
 
 
+def test_verifier_disagreement_by_hand():
+    from assay.rewards.monitors import reward_health
+    from assay.types import RewardResult
+
+    def r(score, verifier):
+        return RewardResult(score, components={"verifier": verifier})
+
+    # group 0: (2, right) vs (1, wrong) agree, (2, right) vs (3, wrong) disagree, (1, wrong) vs (3, wrong) not counted;
+    # group 1: (0.5, right) vs (0.5, wrong) tie: disagree; the unscored item is left out
+    results = [r(2.0, 1.0), r(1.0, 0.0), r(3.0, 0.0), r(0.5, 1.0), r(0.5, 0.0), RewardResult(None)]
+    m = reward_health(results, [0, 0, 0, 1, 1, 1], [1] * 6)
+    assert m["reward/verifier_disagreement"] == pytest.approx(2 / 3) and m["reward/verifier/mean"] == 0.4
+    assert "reward/verifier_disagreement" not in reward_health([RewardResult(1.0)], [0], [1])
+
+
 def test_batches_are_a_function_of_seed_and_step():
     a = [batch_indices(10, 4, 0, s) for s in range(5)]
     assert a == [batch_indices(10, 4, 0, s) for s in range(5)]
@@ -285,7 +300,16 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     # RL with the reward model as the reward, through the CLI
     p = assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=rl", "train.steps=2", "train.eval_n=4",
               "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "train.threads=1",
-              f"reward={{name: rm, args: {{path: {tmp_path / 'cli'}}}}}", "--no-progress")
+              f"reward={{name: rm, args: {{path: {tmp_path / 'cli'}, verifier: arithmetic}}}}", "--no-progress")
     assert p.returncode == 0, p.stderr
     rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
     assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 and r["reward/none"] == 0 for r in rl)
+    assert all("reward/verifier_disagreement" in r and 0.0 <= r["reward/verifier/mean"] <= 1.0 for r in rl)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import assay.rm.losses
+
+    assert doctest.testmod(assay.rm.losses).failed == 0

@@ -40,17 +40,21 @@ class RMReward(Reward):
         path: the reward model folder, or the run folder whose `final/` holds it.
         device: where the model runs (`cpu`, `cuda`).
         batch_size: sequences per forward when a batch is scored.
+        verifier: a reward block (for example `arithmetic`) run beside the model: its score is
+            the result's `verifier` component, never the reward, so the run logs
+            `reward/verifier/mean` and how often the two disagree (`reward/verifier_disagreement`).
     """
 
     preload = ("assay.rm.model",)
+    reward_args = ("verifier",)
 
-    def __init__(self, path: str, device: str = "cpu", batch_size: int = 64):
+    def __init__(self, path: str, device: str = "cpu", batch_size: int = 64, verifier: Reward | None = None):
         p = Path(path)
         if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
             raise ValueError(f"path {path!r} holds no reward model (expected the folder `assay rm train` wrote, or its run folder)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.path, self.device, self.batch_size = str(path), device, batch_size
+        self.path, self.device, self.batch_size, self.verifier = str(path), device, batch_size, verifier
 
     def score(self, traj: Trajectory) -> RewardResult:
         return self._score([traj])[0]
@@ -68,5 +72,10 @@ class RMReward(Reward):
 
         model, encoder = loaded(self.path, self.device)
         scores = score_texts(model, encoder, [(t.sample.prompt, t.completion) for t in batch], self.batch_size)
-        return [RewardResult(s) for s in scores]
+        results = [RewardResult(s) for s in scores]
+        if self.verifier is not None:
+            for r, check in zip(results, self.verifier(batch)):
+                if check.score is not None and check.error is None:
+                    r.components["verifier"] = float(check.score)
+        return results
 
