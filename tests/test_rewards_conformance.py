@@ -36,12 +36,16 @@ EXAMPLES = {
 
 def _rm_folder() -> str:
     """A real reward-model folder for `rm`: the bundled model's transformer with its seeded head, saved as `assay rm train` saves."""
+    import atexit
+    import shutil
     import tempfile
     from pathlib import Path
 
     from assay.rm.model import build_rm, save_rm
 
-    folder = Path(tempfile.mkdtemp(prefix="assay-rm-conformance-")) / "rm"
+    root = tempfile.mkdtemp(prefix="assay-rm-conformance-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    folder = Path(root) / "rm"
     model, tok = build_rm("tiny-arith", seed=0)
     save_rm(folder, model, tok, {"max_length": 64})
     return str(folder)
