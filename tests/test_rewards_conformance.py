@@ -33,6 +33,26 @@ EXAMPLES = {
     "chain": {"reward": "math"},
 }
 
+
+def _rm_folder() -> str:
+    """A real reward-model folder for `rm`: the bundled model's transformer with its seeded head, saved as `assay rm train` saves."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from assay.rm.model import build_rm, save_rm
+
+    root = tempfile.mkdtemp(prefix="assay-rm-conformance-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    folder = Path(root) / "rm"
+    model, tok = build_rm("tiny-arith", seed=0)
+    save_rm(folder, model, tok, {"max_length": 64})
+    return str(folder)
+
+
+EXAMPLES["rm"] = {"path": _rm_folder()}
+
 BATCH = [
     traj(r"The answer is \boxed{4}.", "4", reference="ref", nums=[1, 3], target=4),
     traj(r"\boxed{5}", "4", reference="ref", nums=[1, 3], target=4),

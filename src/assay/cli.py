@@ -97,6 +97,85 @@ def cmd_reward_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm_train(args: argparse.Namespace) -> int:
+    from assay.rm.config import load_rm_config
+    from assay.rm.train import train_rm
+    from assay.train.interrupt import Preempted
+
+    config_path, overrides = split_train_args(args.args)
+    if args.resume and config_path:
+        raise AssayError(f"--resume continues the run with its own config; drop {config_path!r}")
+    try:
+        if args.resume:
+            result = train_rm(resume=args.resume, overrides=overrides, progress=not args.no_progress)
+        else:
+            result = train_rm(load_rm_config(config_path, overrides), progress=not args.no_progress)
+    except (KeyboardInterrupt, Preempted) as e:
+        how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)
+        if getattr(e, "run_dir", None) is None:  # before the first step: nothing was saved
+            raise
+        print(f"assay: {how} at step {e.step}; checkpoint saved; continue with: assay rm train --resume {e.run_dir}",  # type: ignore[attr-defined]
+              file=sys.stderr)
+        return code
+    for k, v in result.final.items():
+        if k.startswith("eval/"):
+            print(f"{k}: {v}", file=sys.stderr)
+    print(f"reward model: {result.model_dir}", file=sys.stderr)
+    return 0
+
+
+def cmd_rm_pairs(args: argparse.Namespace) -> int:
+    from assay.rm.pairs import build_pairs, write_pairs
+
+    rows = build_pairs(args.task, _yaml_arg(args.task_args, "--task-args"), split=args.split, n=args.n, seed=args.seed,
+                       mix=_yaml_arg(args.mix, "--mix"))
+    write_pairs(args.out, rows)
+    print(f"{len(rows)} pairs -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_rm_eval(args: argparse.Namespace) -> int:
+    from assay.rm.eval import evaluate_path
+
+    out = evaluate_path(args.path, args.data, fields=_yaml_arg(args.fields, "--fields"), device=args.device, batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for key, v in out.items():
+            print(f"{key:>28}: {v:.4f}" if isinstance(v, float) else f"{key:>28}: {v}")
+    return 0
+
+
+def _rm_parser(sub) -> None:
+    """`assay rm`'s subcommands."""
+    rm = sub.add_parser("rm", help="reward models: build preference pairs, train a Bradley-Terry model, measure it (docs/reward-models.md)")
+    rsub = rm.add_subparsers(dest="rm_command", required=True)
+    t = rsub.add_parser("train", help="train a Bradley-Terry reward model on preference pairs")
+    t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                   help="a YAML config file (optional) and dotted overrides, for example data.path=pairs.jsonl train.steps=500 loss.margin=0.5")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint (overrides may change train.steps, "
+                   "eval/save cadence, threads)")
+    t.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    t.set_defaults(fn=cmd_rm_train)
+    p = rsub.add_parser("pairs", help="preference pairs from a built-in task: chosen verified correct, rejected verified wrong")
+    p.add_argument("--out", required=True, metavar="FILE", help="output JSONL (prompt, chosen, rejected, subset, id, answer)")
+    p.add_argument("--task", default="arithmetic", help="built-in task with integer answers (default arithmetic)")
+    p.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
+    p.add_argument("--split", choices=["train", "heldout"], default="train", help="the task's split to draw problems from (default train)")
+    p.add_argument("--n", type=int, default=4000, help="pairs (default 4000)")
+    p.add_argument("--mix", default=None, help="kind weights as YAML, for example '{near_miss: 1, longer: 1}' (kinds: near_miss, carry, random, longer)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_rm_pairs)
+    e = rsub.add_parser("eval", help="pairwise and best-of-N accuracy of a reward model on comparisons (RewardBench 2 rows too)")
+    e.add_argument("--path", required=True, metavar="RM", help="the reward model folder, or the run folder whose final/ holds it")
+    e.add_argument("--data", required=True, metavar="FILE", help="JSONL/Parquet/datasets folder with prompt, chosen, rejected (strings or lists)")
+    e.add_argument("--fields", default=None, help="column mapping, for example '{prompt: question}'")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--batch-size", type=int, default=64, help="sequences per forward (default 64)")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(fn=cmd_rm_eval)
+
+
 def cmd_bench_train(args: argparse.Namespace) -> int:
     from assay.bench.config import load_bench_config
     from assay.bench.train import check_json_path, render, run_bench, write_json
@@ -154,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     _eval_parser(sub)
+    _rm_parser(sub)
 
     rw = sub.add_parser("reward", help="score files with any reward; list the registered rewards")
     rsub = rw.add_subparsers(dest="reward_command", required=True)
@@ -196,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_cli_logging()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and getattr(args, "command", None) == "train" and not any(r.startswith("-") for r in rest):
+    if rest and (args.command == "train" or getattr(args, "rm_command", None) == "train") and not any(r.startswith("-") for r in rest):
         args.args += rest  # positionals after an option (`CONFIG --no-progress k=v`): options and overrides in any order
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

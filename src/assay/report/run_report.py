@@ -27,20 +27,24 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_metrics(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per entry of `PLOTS` (and of `AGENT_PLOTS` when the run logged `agent/turns_mean`); returns the files written."""
+def plot_metrics(rows: list[dict[str, Any]], out_dir: Path, plots: dict[str, tuple[str, list[tuple[str, str]]]] | None = None) -> list[Path]:
+    """One PNG per entry of `plots` (file name → (title, [(key, label)]); default `PLOTS`, with `AGENT_PLOTS` when the run logged `agent/turns_mean`); returns the files written.
+
+    A per-step series longer than 60 points (any key outside `eval/`) is drawn as a moving mean.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    plots = {**PLOTS, **(AGENT_PLOTS if any("agent/turns_mean" in r for r in rows) else {})}
+    if plots is None:
+        plots = {**PLOTS, **(AGENT_PLOTS if any("agent/turns_mean" in r for r in rows) else {})}
     for name, (title, keys) in plots.items():
         fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
         for key, label in keys:
             x, y = _series(rows, key)
-            if len(x) > 60 and key.startswith(("reward/", "train/")):
+            if len(x) > 60 and not key.startswith("eval/"):
                 w = max(1, len(y) // 40)
                 y = [sum(y[max(0, i - w + 1) : i + 1]) / len(y[max(0, i - w + 1) : i + 1]) for i in range(len(y))]
                 label += f" (moving mean of {w})"
@@ -83,13 +87,14 @@ def _samples_html(run_dir: Path, dumps: int = 2) -> str:
     return f"<h2>Sample completions</h2>{body}" if body else ""
 
 
-def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any]) -> Path:
-    """Plots plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`."""
+def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any],
+                 plots: dict[str, tuple[str, list[tuple[str, str]]]] | None = None) -> Path:
+    """Plots (`plots`, default `PLOTS`) plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-    plots = plot_metrics(rows, run_dir)
+    files = plot_metrics(rows, run_dir, plots)
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in summary.items())
-    imgs = "".join(f'<img src="{p.name}" alt="{p.stem}">' for p in plots)
+    imgs = "".join(f'<img src="{p.name}" alt="{p.stem}">' for p in files)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>assay run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}.warn{{color:#a40}}pre{{background:#f5f5f5;padding:1em}}</style>

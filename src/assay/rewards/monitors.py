@@ -73,10 +73,36 @@ def reward_health(results: list[RewardResult], group: list[int], lengths: list[i
     for k, vs in sorted(comps.items()):
         out[f"reward/{k}/mean"] = _mean(vs)
     out.update(_group_metrics(scored, high, low))
+    checked = [(r.score, float(r.components["verifier"]), g) for r, g in zip(results, group)
+               if r.error is None and r.score is not None and isinstance(r.components.get("verifier"), (int, float))]
+    if checked:
+        out["reward/verifier_disagreement"] = verifier_disagreement(checked)
     reasons = Counter(str(r.info.get("reason")) for r in results if r.info.get("reason") is not None)
     for k, n in sorted(reasons.items()):
         out[f"reward/reason/{k}"] = n / len(results)
     return out
+
+
+def verifier_disagreement(checked: list[tuple[float, float, int]]) -> float:
+    """Share of same-group pairs the verifier tells apart that the reward orders the other way, or ties.
+
+    `checked` holds `(reward, verifier score, group)` per completion; only pairs within one
+    group whose verifier scores differ count (NaN when there are none).
+
+    >>> verifier_disagreement([(2.0, 1.0, 0), (1.0, 0.0, 0), (3.0, 0.0, 0), (5.0, 1.0, 1)])
+    0.5
+    """
+    by: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for s, v, g in checked:
+        by[g].append((s, v))
+    pairs = wrong = 0
+    for members in by.values():
+        for i, (si, vi) in enumerate(members):
+            for sj, vj in members[i + 1 :]:
+                if vi != vj:
+                    pairs += 1
+                    wrong += (si - sj) * (vi - vj) <= 0
+    return wrong / pairs if pairs else math.nan
 
 
 def _group_metrics(scored: list[tuple[float, int, int]], high: float, low: float) -> dict[str, float]:

@@ -1,0 +1,154 @@
+"""The reward model: a causal LM's transformer with a scalar head, as a Hugging Face sequence classifier.
+
+A reward model is `AutoModelForSequenceClassification` with `num_labels=1` (for the bundled
+Qwen2 model, `Qwen2ForSequenceClassification`): the transformer of the causal LM it starts
+from and a linear `score` head from the hidden state to one number, read at the last
+non-padding token. Saved, it is an ordinary Hugging Face folder (`config.json` with
+`architectures` and `num_labels: 1`, `model.safetensors` with the head, the tokenizer) that
+`transformers`, TRL or OpenRLHF load as it is; `assay_rm.json` beside it keeps what assay
+needs to score the same way it trained (the longest sequence).
+
+A response is scored as the token ids of its prompt (a conversation through the chat
+template), then the response, then EOS, right-padded, so padding never reaches a real token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from assay.errors import AssayError
+from assay.models import quiet_hf, resolve_model_path
+
+RM_FILE = "assay_rm.json"
+
+
+def init_head(model, seed: int) -> None:
+    """The score head drawn from its own seeded generator: N(0, initializer_range²), the run's RNG left alone."""
+    gen = torch.Generator().manual_seed(seed)
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        w = model.score.weight
+        w.copy_((torch.randn(w.shape, generator=gen) * std).to(w.dtype))
+        if getattr(model.score, "bias", None) is not None:
+            model.score.bias.zero_()
+
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build_rm(path: str, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    """`(reward model, tokenizer)` from a causal LM (a bundled name or a Hugging Face folder): its transformer, a new seeded head."""
+    from transformers import AutoModelForSequenceClassification
+
+    folder = resolve_model_path(path)
+    quiet_hf()
+    try:
+        tok = _tokenizer(folder)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise AssayError(f"cannot build a reward model from {str(folder)!r}: {str(e).splitlines()[0]}") from None
+    model.config.pad_token_id = tok.pad_token_id
+    init_head(model, seed)
+    return model.to(device), tok
+
+
+def load_rm(path: str | Path, device: str = "cpu") -> tuple[Any, Any, dict[str, Any]]:
+    """`(reward model, tokenizer, assay_rm.json)` of a saved reward-model folder (or a run's `final/` given its run folder)."""
+    from transformers import AutoModelForSequenceClassification
+
+    folder = Path(path)
+    if (folder / "final" / "config.json").is_file():
+        folder = folder / "final"
+    if not (folder / "config.json").is_file():
+        raise AssayError(f"reward model {str(path)!r}: no config.json there (expected the folder `assay rm train` wrote, or its run folder)")
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("num_labels", len(cfg.get("id2label") or {0: 0})) != 1 or not any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or []):
+        raise AssayError(f"reward model {str(path)!r} is not a one-label sequence classifier (architectures {cfg.get('architectures')})")
+    quiet_hf()
+    try:
+        tok = _tokenizer(folder)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        raise AssayError(f"cannot load reward model from {str(folder)!r}: {str(e).splitlines()[0]}") from None
+    meta = json.loads((folder / RM_FILE).read_text()) if (folder / RM_FILE).is_file() else {}
+    return model.to(device).eval(), tok, meta
+
+
+def save_rm(folder: Path, model, tokenizer, meta: dict[str, Any]) -> None:
+    """Write the Hugging Face folder and `assay_rm.json`."""
+    quiet_hf()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_labels"] = 1  # transformers writes only id2label; the count is what other tools read first
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(folder)
+    (folder / RM_FILE).write_text(json.dumps(meta, indent=1))
+
+
+def render_prompt(tokenizer, prompt: str | list[dict[str, Any]]) -> str:
+    """A prompt as text: itself, or a conversation through the tokenizer's chat template with the generation prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise AssayError("a conversational prompt needs a reward model whose tokenizer has a chat template (this one has none)")
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+class Encoder:
+    """Token ids of (prompt, response) texts, with the prompt's ids cached."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self.tok, self.max_length = tokenizer, max_length
+        self._prompts: dict[str, list[int]] = {}
+
+    def ids(self, prompt: str | list[dict[str, Any]], response: str) -> tuple[list[int], int]:
+        """`(token ids, response length in tokens)`; a sequence over `max_length` loses tokens from its start."""
+        text = render_prompt(self.tok, prompt)
+        p = self._prompts.get(text)
+        if p is None:
+            p = self._prompts[text] = self.tok(text, add_special_tokens=False)["input_ids"]
+            if len(self._prompts) > 100_000:
+                self._prompts.clear()
+        r = self.tok(response, add_special_tokens=False)["input_ids"]
+        if self.tok.eos_token_id is not None:
+            r = r + [self.tok.eos_token_id]
+        ids = (p + r)[-self.max_length :]
+        return ids, len(r)
+
+    def batch(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-padded `input_ids` `[M, L]`, `attention_mask` `[M, L]` and response lengths `[M]`."""
+        rows, lengths = zip(*(self.ids(p, r) for p, r in items))
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+        return ids.to(device), mask.to(device), torch.tensor(lengths)
+
+
+def forward_scores(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rewards `[M]` of right-padded sequences, through the model's own forward (its pooling at the last non-pad token)."""
+    return model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+
+
+@torch.no_grad()
+def score_texts(model, encoder: Encoder, items: list[tuple[Any, str]], batch_size: int = 64) -> list[float]:
+    """Rewards of `(prompt, response)` items, `batch_size` sequences per forward."""
+    device = next(model.parameters()).device
+    out: list[float] = []
+    for i in range(0, len(items), batch_size):
+        ids, mask, _ = encoder.batch(items[i : i + batch_size], device)
+        out += forward_scores(model, ids, mask).tolist()
+    return out

@@ -1,0 +1,81 @@
+"""A trained reward model as a reward: `reward: {name: rm, args: {path: RUN_DIR or MODEL_DIR}}`.
+
+The score of a completion is the reward model's scalar on the prompt followed by the
+completion (the text, tokenised by the reward model's own tokenizer, whatever the policy's).
+The model is loaded once per process, on the first batch, and shared by every `RMReward`
+with the same path and device; the instance itself holds only its arguments, so it pickles
+cheaply into reward workers. Called on a batch (`reward_workers=0`, in the trainer's process)
+it scores the whole batch in forwards of `batch_size` sequences; in worker processes each
+worker loads the model once and scores the items it is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from assay.rewards.base import REWARDS, Reward, score_safely
+from assay.types import RewardResult, Trajectory
+
+#: (folder, device) → (model, encoder): one load per process
+_LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def loaded(path: str, device: str) -> tuple[Any, Any]:
+    """`(model, encoder)` of the reward model at `path`, loaded on first use in this process."""
+    key = (str(Path(path).resolve()), device)
+    if key not in _LOADED:
+        from assay.rm.model import Encoder, load_rm
+
+        model, tok, meta = load_rm(path, device)
+        _LOADED[key] = (model, Encoder(tok, int(meta.get("max_length", 256))))
+    return _LOADED[key]
+
+
+@REWARDS.register("rm")
+class RMReward(Reward):
+    """A trained scalar reward model (`assay rm train`): its score of prompt + completion.
+
+    Args:
+        path: the reward model folder, or the run folder whose `final/` holds it.
+        device: where the model runs (`cpu`, `cuda`).
+        batch_size: sequences per forward when a batch is scored.
+        verifier: a reward block (for example `arithmetic`) run beside the model: its score is
+            the result's `verifier` component, never the reward, so the run logs
+            `reward/verifier/mean` and how often the two disagree (`reward/verifier_disagreement`).
+    """
+
+    preload = ("assay.rm.model",)
+    reward_args = ("verifier",)
+
+    def __init__(self, path: str, device: str = "cpu", batch_size: int = 64, verifier: Reward | None = None):
+        p = Path(path)
+        if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
+            raise ValueError(f"path {path!r} holds no reward model (expected the folder `assay rm train` wrote, or its run folder)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.path, self.device, self.batch_size, self.verifier = str(path), device, batch_size, verifier
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        return self._score([traj])[0]
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        if not batch:
+            return []
+        try:
+            return self._score(batch)
+        except Exception:  # one bad item (text the tokenizer refuses) fails alone, never the batch
+            return [score_safely(self, t) for t in batch]
+
+    def _score(self, batch: list[Trajectory]) -> list[RewardResult]:
+        from assay.rm.model import score_texts
+
+        model, encoder = loaded(self.path, self.device)
+        scores = score_texts(model, encoder, [(t.sample.prompt, t.completion) for t in batch], self.batch_size)
+        results = [RewardResult(s) for s in scores]
+        if self.verifier is not None:
+            for r, check in zip(results, self.verifier(batch)):
+                if check.score is not None and check.error is None:
+                    r.components["verifier"] = float(check.score)
+        return results
+

@@ -1,0 +1,242 @@
+"""`assay rm train`: a Bradley–Terry reward model on preference pairs, with checkpoints and exact resume.
+
+The loop reads top to bottom: take the step's pairs (a function of the seed and the step),
+score chosen and rejected responses in one forward, add the objective's terms
+(`assay.rm.losses.rm_loss`), clip, step AdamW; every `eval_every` steps measure held-out
+pairwise accuracy; every `save_every` steps write a checkpoint. The run folder mirrors
+`assay train`'s: `config.yaml`, `metrics.jsonl`, `checkpoints/step_NNNNNN/` (the model in
+Hugging Face format, `run.json`, `trainer_state.pt` with AdamW, the schedule and RNG state)
+and `final/`, the reward model (`assay.rm.model`) that `reward: {name: rm, args: {path: RUN_DIR}}`
+and `assay rm eval --path RUN_DIR` read.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from assay.config import apply_override
+from assay.errors import AssayError
+from assay.log import log
+from assay.report.metrics import JsonlSink
+from assay.report.run_report import write_report
+from assay.rm.config import SAFE_ON_RESUME, RMConfig, validate
+from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, split_by_prompt, to_pairs
+from assay.rm.eval import evaluate_rm
+from assay.rm.losses import rm_loss
+from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
+from assay.train.interrupt import Preempted, StopSignals
+from assay.train.checkpoint import clean_leftovers, latest_checkpoint, load_state, prune_checkpoints, save_checkpoint
+from assay.train.progress import RunProgress, _f
+from assay.train.runs import RUN_FILE, check_writable
+
+
+@dataclass
+class RMResult:
+    """What a finished run returns: its folder, the reward model's folder and the last metric row."""
+
+    run_dir: Path
+    model_dir: Path
+    final: dict[str, Any]
+
+
+class RMProgress(RunProgress):
+    """The run's progress bar, showing loss and accuracy."""
+
+    def update(self, step: int, m: dict[str, Any]) -> None:
+        info = f"loss {_f(m.get('rm/loss'))}  acc {_f(m.get('rm/accuracy'))}  held-out {_f(m.get('eval/pair_accuracy'))}"
+        self.progress.update(self.task, completed=step, info=info)
+
+
+def load_data(cfg: RMConfig) -> tuple[list[Pair], list[Comparison]]:
+    """`(training pairs, held-out comparisons)` as the config says."""
+    comps = read_comparisons(cfg.data.path, cfg.data.fields)  # type: ignore[arg-type]
+    if cfg.data.eval_path:
+        heldout = read_comparisons(cfg.data.eval_path, cfg.data.fields)
+        keys = {repr(c.prompt) for c in heldout}
+        train = [c for c in comps if repr(c.prompt) not in keys]
+        if len(train) < len(comps):
+            log.warning(f"{cfg.data.path}: {len(comps) - len(train)} rows share a prompt with data.eval_path and are left out of training")
+    else:
+        train, heldout = split_by_prompt(comps, cfg.data.eval_fraction, cfg.seed)
+    pairs = to_pairs(train)
+    if not pairs:
+        raise AssayError(f"{cfg.data.path}: no training pairs left after holding out {len(heldout)} rows (lower data.eval_fraction)")
+    return pairs, heldout
+
+
+def new_run_dir(cfg: RMConfig) -> Path:
+    run_dir = Path(cfg.output_dir) / (cfg.run_name or f"rm-{datetime.now():%Y%m%d-%H%M%S}")
+    check_writable(run_dir)
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
+        raise AssayError(f"run folder {str(run_dir)!r} already holds a run; continue it with `assay rm train --resume {run_dir}`, or choose another run_name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return run_dir
+
+
+def resume_rm_config(run_dir: str | Path, overrides: list[str] | None = None) -> tuple[RMConfig, Path]:
+    """The config of a run folder's newest checkpoint plus the overrides allowed on resume, and that checkpoint."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise AssayError(f"--resume: run folder {str(run_dir)!r} does not exist")
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        raise AssayError(f"--resume: {str(run_dir)!r} has no finished checkpoint to continue from; start it again under another run_name")
+    data = json.loads((ckpt / RUN_FILE).read_text())["config"]
+    for item in overrides or []:
+        key = item.partition("=")[0]
+        if key not in SAFE_ON_RESUME:
+            raise AssayError(f"--resume: {key!r} cannot change when a run is resumed; allowed: {', '.join(SAFE_ON_RESUME)}")
+        apply_override(data, item)
+    return validate(data), ckpt
+
+
+def _lr_lambda(warmup: int):
+    return lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+
+
+def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, opt, sched) -> dict[str, float]:
+    """One optimizer step on `pairs`; returns its `rm/*` metrics."""
+    device = next(model.parameters()).device
+    items = [(p.prompt, p.chosen) for p in pairs] + [(p.prompt, p.rejected) for p in pairs]
+    ids, mask, lengths = encoder.batch(items, device)  # [2N, L], [2N, L], [2N]
+    scores = forward_scores(model, ids, mask)  # [2N]
+    n = len(pairs)
+    loss, metrics = rm_loss(scores[:n], scores[n:], lengths[:n].to(device), lengths[n:].to(device), margin=cfg.loss.margin,
+                            center_coef=cfg.loss.center_coef, length_coef=cfg.loss.length_coef)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip).item()
+    metrics["rm/lr"] = opt.param_groups[0]["lr"]
+    opt.step()
+    sched.step()
+    metrics["rm/grad_norm"] = grad_norm
+    return metrics
+
+
+def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pairs: list[Pair], heldout: list[Comparison], cfg: RMConfig,
+              opt, sched, sink: JsonlSink, bar: RMProgress, last: dict[str, Any]) -> bool:
+    """Train step `step`, evaluate when due, log its row into `last` and the sink; True when it is the run's last step."""
+    t0 = time.perf_counter()
+    batch = [pairs[i] for i in batch_indices(len(pairs), cfg.train.batch_size, cfg.seed, step - 1)]
+    last.clear()
+    last.update(train_step(model, encoder, batch, cfg, opt, sched))
+    last["rm/step_seconds"] = time.perf_counter() - t0
+    last["rm/epoch"] = (step * cfg.train.batch_size) / len(pairs)
+    out_of_time = bool(cfg.train.time_limit) and time.perf_counter() - started >= cfg.train.time_limit and step < steps
+    end = step == steps or out_of_time
+    if out_of_time:
+        last["rm/stopped_early"] = 1.0
+    every = cfg.train.eval_every
+    if heldout and ((every and step % every == 0) or end):
+        last.update(evaluate_rm(model, encoder, heldout))
+    last["rm/elapsed_seconds"] = time.perf_counter() - started
+    sink.log(step, last)
+    bar.update(step, last)
+    if out_of_time:
+        bar.note(f"train.time_limit={cfg.train.time_limit:g}s reached: stopped after step {step} of {steps}")
+    return end
+
+
+def _restore(ckpt: Path, model, opt, sched) -> int:
+    """Load a checkpoint's weights, AdamW, schedule and RNG state; returns its step."""
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    state = load_state(ckpt)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"])
+
+
+def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: RMConfig, sink: JsonlSink) -> None:
+    sink.sync()
+    state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()}}
+    record = {"step": step, "config": cfg.model_dump(mode="json")}
+    ckpt_dir = run_dir / "checkpoints"
+    save_checkpoint(ckpt_dir / f"step_{step:06d}", model, tok, state, files={RUN_FILE: json.dumps(record, indent=1)})
+    prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints)
+
+
+def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None,
+             progress: bool = False) -> RMResult:
+    """Train a reward model as `cfg` says, or continue the run folder `resume` (with `overrides` from `SAFE_ON_RESUME`)."""
+    started = time.perf_counter()
+    ckpt = None
+    if resume is not None:
+        cfg, ckpt = resume_rm_config(resume, overrides)
+        run_dir = Path(resume)
+        clean_leftovers(run_dir / "checkpoints")
+    else:
+        if cfg is None:
+            raise AssayError("train_rm: give a config or a run folder to resume")
+        run_dir = new_run_dir(cfg)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    pairs, heldout = load_data(cfg)
+    model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+    encoder = Encoder(tok, cfg.data.max_length)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.optim.warmup_steps))
+    start = _restore(ckpt, model, opt, sched) if ckpt is not None else 0
+    sink = JsonlSink(run_dir / "metrics.jsonl", truncate_after=start if ckpt is not None else None)
+    steps = cfg.train.steps
+    if start >= steps:
+        log.warning(f"{run_dir}: already trained {start} of {steps} steps; nothing to do (raise train.steps to go on)")
+    if start == 0 and heldout:
+        sink.log(0, evaluate_rm(model, encoder, heldout))
+    model.train()
+    last: dict[str, Any] = {}
+    done, saved = start, start
+    with RMProgress(steps, start, enabled=progress) as bar, StopSignals(notify=bar.note) as signals:
+        try:
+            for step in range(start + 1, steps + 1):
+                with signals.critical():  # a step is short: a signal waits for it, then the run saves and stops
+                    end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last)
+                    done = step
+                    if (cfg.train.save_every and step % cfg.train.save_every == 0) or end:
+                        _save(run_dir, step, model, tok, opt, sched, cfg, sink)
+                        saved = step
+                signals.raise_pending()
+                if end:
+                    steps = step
+                    break
+        except (KeyboardInterrupt, Preempted) as e:
+            if not signals.torn and saved != done:
+                _save(run_dir, done, model, tok, opt, sched, cfg, sink)
+            e.run_dir, e.step = run_dir, done  # type: ignore[attr-defined]
+            raise
+        finally:
+            sink.close()
+    model.eval()
+    final = run_dir / "final"
+    save_rm(final, model, tok, {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "train_pairs": len(pairs),
+                                "heldout_rows": len(heldout), "loss": cfg.loss.model_dump()})
+    summary = {"steps": steps, "train pairs": len(pairs), "held-out rows": len(heldout),
+               **{k: v for k, v in last.items() if k.startswith("eval/")}, "reward model": str(final)}
+    write_report(run_dir, cfg.model_dump(mode="json"), summary, report_plots(run_dir))
+    return RMResult(run_dir, final, last)
+
+
+def report_plots(run_dir: Path) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """The run report's plots: training loss and batch accuracy; held-out pairwise accuracy, overall and per subset."""
+    from assay.report.metrics import read_metrics
+
+    subsets = sorted({k for r in read_metrics(run_dir / "metrics.jsonl") for k in r if k.startswith("eval/pair_accuracy/")})
+    return {
+        "rm_loss.png": ("Training loss and batch accuracy", [("rm/loss", "loss"), ("rm/accuracy", "batch pairwise accuracy")]),
+        "heldout_pair_accuracy.png": ("Held-out pairwise accuracy",
+                                      [("eval/pair_accuracy", "all"), *((k, k.rsplit("/", 1)[1]) for k in subsets)]),
+    }

@@ -1,0 +1,315 @@
+"""Reward models: the objective by hand, a real tiny training run, save/reload, exact resume, errors, the CLI, the `rm` reward."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from assay.errors import AssayError
+from assay.report.metrics import read_metrics
+from assay.rm.config import load_rm_config
+from assay.rm.data import batch_indices, read_comparisons
+from assay.rm.eval import comparison_metrics
+from assay.rm.losses import bt_loss, centering_loss, length_corr, rm_loss
+from assay.rm.model import Encoder, build_rm, load_rm, save_rm, score_texts
+from assay.rm.train import train_rm
+
+# "yes" is always right, "no" always wrong: separable from the last tokens alone
+SEPARABLE = [{"prompt": f"{a}+{b}=", "chosen": "yes", "rejected": "no", "subset": "s"} for a in range(12) for b in range(4)]
+
+
+def assay(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "assay.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(p, needle):
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("assay: error:") and needle in lines[0], p.stderr
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def assert_keys_documented(run_dir):
+    """Every key the run logged has its definition in docs/metrics.md (`eval/pair_accuracy/<subset>` is a family)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    keys = re.findall(r"`([a-z0-9_<>]+(?:/[a-z0-9_@<>]+)+)`", text)
+    documented = [re.compile(re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in keys]
+    logged = {k for r in read_metrics(run_dir / "metrics.jsonl") for k in r if k != "step"}
+    assert not sorted(k for k in logged if not any(d.match(k) for d in documented))
+
+
+def rm_args(tmp_path, model_dir, data, name, *extra):
+    return [f"model={model_dir}", f"data.path={data}", f"output_dir={tmp_path}", f"run_name={name}", "train.threads=1",
+            "train.batch_size=8", "optim.lr=2e-3", "optim.warmup_steps=2", "data.eval_fraction=0.25", *extra]
+
+
+# ---------------------------------------------------------------- the objective, by hand
+
+
+def test_bt_loss_and_margin_by_hand():
+    c, r = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])
+    got = bt_loss(c, r)
+    assert got.tolist() == pytest.approx([math.log(1 + math.exp(-1.0)), math.log(1 + math.exp(1.0))], abs=1e-6)
+    got = bt_loss(c, r, margin=0.5)  # −log σ(d − m): d = 1, −1
+    assert got.tolist() == pytest.approx([math.log(1 + math.exp(-0.5)), math.log(1 + math.exp(1.5))], abs=1e-6)
+
+
+def test_centering_and_length_terms_by_hand():
+    c, r = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])
+    assert centering_loss(c, r).tolist() == [9.0, 1.0]
+    # rewards [2, 0, 1, 1] vs lengths [1, 3, 2, 2]: deviations [1, −1, 0, 0] and [−1, 1, 0, 0], so corr = −2 / 2 = −1
+    assert length_corr(torch.tensor([2.0, 0.0, 1.0, 1.0]), torch.tensor([1, 3, 2, 2])).item() == pytest.approx(-1.0)
+    assert length_corr(torch.tensor([2.0, 0.0]), torch.tensor([3, 3])).item() == 0.0  # constant lengths
+    loss, m = rm_loss(c, r, torch.tensor([1, 3]), torch.tensor([2, 2]), margin=0.5, center_coef=0.1, length_coef=0.2)
+    bt = (math.log(1 + math.exp(-0.5)) + math.log(1 + math.exp(1.5))) / 2
+    assert loss.item() == pytest.approx(bt + 0.1 * 5.0 + 0.2 * 1.0, abs=1e-6)
+    assert m["rm/bt_loss"] == pytest.approx(bt, abs=1e-6) and m["rm/accuracy"] == 0.5 and m["rm/margin"] == 0.0
+    assert m["rm/center_loss"] == 5.0 and m["rm/length_corr"] == pytest.approx(-1.0)
+
+
+def test_length_term_pushes_against_correlation():
+    """A small step down the gradient of corr² makes rewards less correlated with length."""
+    lengths = torch.tensor([1, 2, 3, 4])
+    rewards = torch.tensor([1.0, 2.0, 3.0, 2.5], requires_grad=True)
+    before = length_corr(rewards, lengths) ** 2
+    before.backward()
+    after = length_corr((rewards - 0.1 * rewards.grad).detach(), lengths) ** 2
+    assert 0.5 < before.item() and after.item() < before.item() - 0.01
+
+
+def test_best_of_n_and_subsets_by_hand():
+    from assay.rm.data import Comparison
+
+    comps = [Comparison("a", "p", ["c"], ["r1", "r2", "r3"], "x"), Comparison("b", "p", ["c"], ["r1", "r2", "r3"], "x"),
+             Comparison("c", "p", ["c"], ["r"], "y")]
+    scores = [([1.0], [0.0, 0.5, 0.9]), ([1.0], [0.0, 2.0, 0.9]), ([0.0], [1.0])]
+    m = comparison_metrics(comps, scores, prefix="")
+    assert m["pairs"] == 7 and m["pair_accuracy"] == pytest.approx(5 / 7)
+    assert m["best_of_n_accuracy"] == 0.5 and m["best_of_n_rows"] == 2
+    assert m["pair_accuracy/x"] == pytest.approx(5 / 6) and m["pair_accuracy/y"] == 0.0
+
+
+def test_verifier_disagreement_by_hand():
+    from assay.rewards.monitors import reward_health
+    from assay.types import RewardResult
+
+    def r(score, verifier):
+        return RewardResult(score, components={"verifier": verifier})
+
+    # group 0: (2, right) vs (1, wrong) agree, (2, right) vs (3, wrong) disagree, (1, wrong) vs (3, wrong) not counted;
+    # group 1: (0.5, right) vs (0.5, wrong) tie: disagree; the unscored item is left out
+    results = [r(2.0, 1.0), r(1.0, 0.0), r(3.0, 0.0), r(0.5, 1.0), r(0.5, 0.0), RewardResult(None)]
+    m = reward_health(results, [0, 0, 0, 1, 1, 1], [1] * 6)
+    assert m["reward/verifier_disagreement"] == pytest.approx(2 / 3) and m["reward/verifier/mean"] == 0.4
+    assert "reward/verifier_disagreement" not in reward_health([RewardResult(1.0)], [0], [1])
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    a = [batch_indices(10, 4, 0, s) for s in range(5)]
+    assert a == [batch_indices(10, 4, 0, s) for s in range(5)]
+    assert sorted(sum(a[:2], []) + a[2][:2]) == list(range(10))  # the first epoch covers every pair once
+    assert a != [batch_indices(10, 4, 1, s) for s in range(5)]
+
+
+# ---------------------------------------------------------------- data and errors
+
+
+def test_rewardbench_rows_and_field_mapping(tmp_path):
+    rb2 = write_jsonl(tmp_path / "rb2.jsonl", [{"id": "7", "prompt": "q", "chosen": ["good"], "rejected": ["b1", "b2", "b3"], "subset": "Math"}])
+    (c,) = read_comparisons(str(rb2))
+    assert (c.id, c.chosen, c.rejected, c.subset, len(c.pairs())) == ("7", ["good"], ["b1", "b2", "b3"], "Math", 3)
+    mapped = write_jsonl(tmp_path / "m.jsonl", [{"question": "q", "good": "a", "bad": "b"}])
+    (c,) = read_comparisons(str(mapped), {"prompt": "question", "chosen": "good", "rejected": "bad"})
+    assert (c.prompt, c.chosen, c.rejected) == ("q", ["a"], ["b"])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"prompt": "q", "chosen": ["a", "b"], "rejected": ["c"]}]), tmp_path / "p.parquet")
+    (c,) = read_comparisons(str(tmp_path / "p.parquet"))
+    assert c.pairs() == [("a", "c"), ("b", "c")]
+
+
+@pytest.mark.parametrize("rows,needle", [
+    ([{"prompt": "q", "chosen": "a"}], "row 1 has no rejected column 'rejected'"),
+    ([], "no rows"),
+    ([{"prompt": "q", "chosen": "a", "rejected": []}], "column 'rejected' must be a string or a non-empty list"),
+])
+def test_bad_pair_files_are_one_line(tmp_path, rows, needle):
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(AssayError, match=needle):
+        read_comparisons(str(data))
+    one_line_error(assay("rm", "train", f"data.path={data}", f"output_dir={tmp_path}"), needle)
+
+
+def test_config_errors_are_one_line(tmp_path):
+    one_line_error(assay("rm", "train", f"output_dir={tmp_path}"), "data.path")
+    one_line_error(assay("rm", "train", "data.path=x.jsonl", "loss.nope=1"), "unknown rm config key 'loss.nope'")
+    one_line_error(assay("rm", "eval", "--path", str(tmp_path), "--data", "x.jsonl"), "x.jsonl")
+
+
+# ---------------------------------------------------------------- the model
+
+
+def test_save_reload_gives_the_same_scores(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    model, tok = build_rm(str(tiny_model_dir), seed=3)
+    items = [("1+2=", "3"), ("10+20=", "30 and more"), ("7+7=", "")]
+    before = score_texts(model, Encoder(tok, 64), items)
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
+    cfg = json.loads((tmp_path / "rm" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForSequenceClassification"] and cfg["num_labels"] == 1
+    assert "score.weight" in load_file(tmp_path / "rm" / "model.safetensors")
+    again, tok2, meta = load_rm(tmp_path / "rm")
+    assert score_texts(again, Encoder(tok2, meta["max_length"]), items) == before
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")  # as any other tool loads it
+    ids = tok2("1+2=3", return_tensors="pt")["input_ids"]
+    ids = torch.cat([ids, torch.tensor([[tok2.eos_token_id]])], 1)
+    assert plain(input_ids=ids).logits[0, 0].item() == pytest.approx(before[0], abs=1e-5)
+    # the same head for the same seed, another for another
+    assert torch.equal(build_rm(str(tiny_model_dir), seed=3)[0].score.weight, model.score.weight)
+    assert not torch.equal(build_rm(str(tiny_model_dir), seed=4)[0].score.weight, model.score.weight)
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_tiny_run_learns_separable_pairs_and_scores_as_a_reward(tmp_path, tiny_model_dir):
+    from assay.rewards.spec import build_reward
+    from assay.types import Sample, Trajectory
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    cfg = load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "sep", "train.steps=30", "train.eval_every=10"))
+    result = train_rm(cfg)
+    rows = read_metrics(result.run_dir / "metrics.jsonl")
+    assert rows[0]["step"] == 0 and rows[-1]["step"] == 30
+    assert rows[-1]["eval/pair_accuracy"] == 1.0 and rows[-1]["eval/bt_loss"] < rows[0]["eval/bt_loss"] / 4
+    for key in ("rm/loss", "rm/bt_loss", "rm/accuracy", "rm/margin", "rm/grad_norm", "rm/lr", "rm/length_corr", "eval/pair_accuracy/s"):
+        assert key in rows[-1] or key in rows[0], key
+    assert_keys_documented(result.run_dir)
+    assert {"report.html", "rm_loss.png", "heldout_pair_accuracy.png"} <= {p.name for p in result.run_dir.iterdir()}
+    reward = build_reward({"name": "rm", "args": {"path": str(result.run_dir)}})
+    trajs = [Trajectory(Sample(str(i), "99+1=", None), text, [], [], [], True) for i, text in enumerate(["yes", "no", "yes"])]
+    scores = [r.score for r in reward(trajs)]
+    assert scores[0] > scores[1] and scores[0] == pytest.approx(scores[2], abs=1e-6)
+    assert reward.score(trajs[1]).score == pytest.approx(scores[1], abs=1e-5)  # one at a time, as in a worker
+
+
+def test_resume_is_exact(tmp_path, tiny_model_dir):
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    common = ["train.eval_every=3", "train.save_every=3", "loss.margin=0.2", "loss.center_coef=0.01", "loss.length_coef=0.1"]
+    whole = train_rm(load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "whole", "train.steps=6", *common)))
+    train_rm(load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "cut", "train.steps=3", *common)))
+    # a run killed after step 4 left a row past its checkpoint: resume drops it and recomputes
+    cut = tmp_path / "cut"
+    with open(cut / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 4, "rm/loss": 123.0}) + "\n")
+    resumed = train_rm(resume=cut, overrides=["train.steps=6"])
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("rm/step_seconds", "rm/elapsed_seconds")} for r in rows]  # noqa: E731
+    assert strip(read_metrics(cut / "metrics.jsonl")) == strip(read_metrics(whole.run_dir / "metrics.jsonl"))
+    a, b = load_file(whole.model_dir / "model.safetensors"), load_file(resumed.model_dir / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(AssayError, match="cannot change when a run is resumed"):
+        train_rm(resume=cut, overrides=["optim.lr=1"])
+
+
+def test_time_limit_ends_the_run_cleanly(tmp_path, tiny_model_dir):
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    result = train_rm(load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "t", "train.steps=50", "train.time_limit=0.001")))
+    last = read_metrics(result.run_dir / "metrics.jsonl")[-1]
+    assert last["step"] == 1 and last["rm/stopped_early"] == 1.0 and "eval/pair_accuracy" in last
+    assert (result.run_dir / "checkpoints" / "step_000001").is_dir() and (result.model_dir / "model.safetensors").is_file()
+    assert_keys_documented(result.run_dir)
+
+
+def test_sigterm_saves_the_finished_step_and_resume_continues(tmp_path, tiny_model_dir):
+    import signal
+    import time
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    args = rm_args(tmp_path, tiny_model_dir, data, "sig", "train.steps=100000", "train.save_every=0", "train.eval_every=0")
+    proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "rm", "train", *args, "--no-progress"], stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "continue with: assay rm train --resume" in err.splitlines()[-1]
+    rows = read_metrics(metrics)
+    step = rows[-1]["step"]
+    assert [r["step"] for r in rows] == list(range(step + 1)) and (tmp_path / "sig" / "checkpoints" / f"step_{step:06d}").is_dir()
+    resumed = train_rm(resume=tmp_path / "sig", overrides=[f"train.steps={step + 2}"])
+    assert [r["step"] for r in read_metrics(metrics)] == list(range(step + 3)) and resumed.final["rm/loss"] > 0
+
+
+# ---------------------------------------------------------------- the CLI, end to end
+
+
+def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
+    from assay.data.tasks import in_heldout
+
+    train_file, held_file = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    p = assay("rm", "pairs", "--out", str(train_file), "--n", "200", "--seed", "5")
+    assert p.returncode == 0, p.stderr
+    assert assay("rm", "pairs", "--out", str(tmp_path / "again.jsonl"), "--n", "200", "--seed", "5").returncode == 0
+    assert (tmp_path / "again.jsonl").read_bytes() == train_file.read_bytes()  # deterministic with a seed
+    assert assay("rm", "pairs", "--out", str(held_file), "--n", "60", "--split", "heldout").returncode == 0
+    rows = [json.loads(line) for line in train_file.read_text().splitlines()]
+    held = [json.loads(line) for line in held_file.read_text().splitlines()]
+    assert {r["subset"] for r in rows} == {"near_miss", "carry", "random", "longer", "shorter"}
+    for r in rows:
+        assert int(r["chosen"]) == eval(r["prompt"][:-1]) != int(r["rejected"])  # the prompts are a+b=
+        assert r["subset"] != "longer" or len(r["rejected"]) > len(r["chosen"])
+        assert not in_heldout(r["prompt"], 0.2)
+    assert all(in_heldout(r["prompt"], 0.2) for r in held)
+
+    p = assay("rm", "train", f"model={tiny_model_dir}", f"data.path={train_file}", f"data.eval_path={held_file}", f"output_dir={tmp_path}",
+              "run_name=cli", "train.steps=4", "train.batch_size=8", "train.threads=1", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "eval/pair_accuracy/longer" in p.stderr and (tmp_path / "cli" / "final" / "model.safetensors").is_file()
+    p = assay("rm", "train", "--resume", str(tmp_path / "cli"), "train.steps=5", "--no-progress")  # one more step
+    assert p.returncode == 0, p.stderr
+    assert [r["step"] for r in read_metrics(tmp_path / "cli" / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
+    p = assay("rm", "eval", "--path", str(tmp_path / "cli"), "--data", str(held_file), "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["rows"] == 60 and out["pairs"] == 60 and 0.0 <= out["pair_accuracy"] <= 1.0
+    last = read_metrics(tmp_path / "cli" / "metrics.jsonl")[-1]
+    assert out["pair_accuracy"] == last["eval/pair_accuracy"]  # the saved model scores as the trained one did
+    rb2 = write_jsonl(tmp_path / "rb2.jsonl", [{"id": str(i), "prompt": "3+4=", "chosen": ["7"], "rejected": ["8", "17", "6"], "subset": "Math"}
+                                               for i in range(2)])
+    p = assay("rm", "eval", "--path", str(tmp_path / "cli" / "final"), "--data", str(rb2), "--json")
+    out = json.loads(p.stdout)
+    assert out["rows"] == 2 and out["pairs"] == 6 and out["best_of_n_rows"] == 2 and out["best_of_n_accuracy"] in (0.0, 1.0)
+
+    # RL with the reward model as the reward, through the CLI
+    p = assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=rl", "train.steps=2", "train.eval_n=4",
+              "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "train.threads=1",
+              f"reward={{name: rm, args: {{path: {tmp_path / 'cli'}, verifier: arithmetic}}}}", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
+    assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 and r["reward/none"] == 0 for r in rl)
+    assert all("reward/verifier_disagreement" in r and 0.0 <= r["reward/verifier/mean"] <= 1.0 for r in rl)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import assay.rm.losses
+
+    assert doctest.testmod(assay.rm.losses).failed == 0
