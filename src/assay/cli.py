@@ -97,6 +97,26 @@ def cmd_reward_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_rewards(args: argparse.Namespace) -> int:
+    from assay.rewards.serve import serve
+
+    return serve(args.reward, host=args.host, port=args.port, workers=args.workers, timeout=args.timeout, max_batch=args.max_batch)
+
+
+def _serve_parser(sub) -> None:
+    """`assay serve rewards`: a reward over HTTP for OpenRLHF, verl and assay clients (docs/serving.md)."""
+    s = sub.add_parser("serve", help="serve a reward over HTTP to other trainers (OpenRLHF, verl; docs/serving.md)")
+    ssub = s.add_subparsers(dest="serve_command", required=True)
+    r = ssub.add_parser("rewards", help="POST /get_reward (OpenRLHF), /compute_score (verl), /score (assay); GET /health")
+    r.add_argument("--reward", required=True, help="a registered reward name, module:attr, or a YAML reward block")
+    r.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    r.add_argument("--port", type=int, default=8000, help="port (0: any free one, printed at start; default 8000)")
+    r.add_argument("--workers", type=int, default=2, help="reward worker processes (0: in the server process; default 2)")
+    r.add_argument("--timeout", type=float, default=5.0, help="seconds per item before it is unscored (default 5)")
+    r.add_argument("--max-batch", type=int, default=4096, help="most items in one request (default 4096)")
+    r.set_defaults(fn=cmd_serve_rewards)
+
+
 def cmd_rm_train(args: argparse.Namespace) -> int:
     from assay.rm.config import load_rm_config
     from assay.rm.train import train_rm
@@ -234,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _eval_parser(sub)
     _rm_parser(sub)
+    _serve_parser(sub)
 
     rw = sub.add_parser("reward", help="score files with any reward; list the registered rewards")
     rsub = rw.add_subparsers(dest="reward_command", required=True)

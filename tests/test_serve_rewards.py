@@ -1,0 +1,171 @@
+"""`assay serve rewards`: the real server in a subprocess, called over real HTTP in each format."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from assay.rewards.serve import BadRequest, openrlhf_rows, verl_rows
+
+TESTS = Path(__file__).parent
+SRC = TESTS.parent / "src"
+
+
+class Server:
+    """`python -m assay.cli serve rewards --port 0 ...` as a subprocess; `url` from its first line."""
+
+    def __init__(self, *args: str):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "assay.cli", "serve", "rewards", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if "serving reward" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
+        self.url = line.split(" on ")[-1].strip()
+
+    def post(self, path: str, payload, raw: bytes | None = None):
+        """`(status, parsed JSON reply)` for a POST."""
+        req = urllib.request.Request(self.url + path, data=raw if raw is not None else json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return r.status, json.loads(r.read())
+
+    def stop(self) -> int:
+        """SIGTERM; the exit code (the caller checks it came promptly)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def math_server():
+    server = Server("--reward", "math", "--workers", "1", "--max-batch", "8")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hang_server():
+    server = Server("--reward", "_reward_helpers:Misbehave", "--workers", "2", "--timeout", "1")
+    yield server
+    server.stop()
+
+
+# ---------------------------------------------------------------- the request parsers (pure)
+
+
+def test_openrlhf_completion_is_query_after_prompt():
+    rows = openrlhf_rows({"query": ["Q: 1+1?\nA: 2", "other"], "prompts": ["Q: 1+1?\n", "Q"], "labels": ["2", "3"]})
+    assert [r["completion"] for r in rows] == ["A: 2", "other"]  # a query not starting with its prompt is kept whole
+    assert [r["prompt"] for r in rows] == ["Q: 1+1?\n", "Q"]
+    assert [r["answer"] for r in rows] == ["2", "3"]
+    assert openrlhf_rows({"query": ["x"]})[0] == {"prompt": "", "completion": "x", "answer": None}
+    with pytest.raises(BadRequest, match="'labels' has 1 items but 'query' has 2"):
+        openrlhf_rows({"query": ["a", "b"], "labels": ["1"]})
+
+
+def test_verl_items_single_and_batch():
+    rows, single = verl_rows({"data_source": "gsm8k", "solution_str": "4", "ground_truth": "4", "extra_info": {"question": "2+2?", "tests": [1]}})
+    assert single and rows == [{"tests": [1], "question": "2+2?", "prompt": "2+2?", "completion": "4", "answer": "4", "data_source": "gsm8k"}]
+    rows, single = verl_rows([{"solution_str": "a"}, {"solution_str": "b", "ground_truth": "b"}])
+    assert not single and [r["completion"] for r in rows] == ["a", "b"]
+    with pytest.raises(BadRequest, match="solution_str"):
+        verl_rows({"data_source": "x"})
+
+
+# ---------------------------------------------------------------- the real server, three formats
+
+
+def test_health(math_server):
+    status, body = math_server.get("/health")
+    assert status == 200 and body["status"] == "ok" and body["reward"] == "math" and body["max_batch"] == 8
+
+
+def test_openrlhf_get_reward(math_server):
+    status, body = math_server.post("/get_reward", {
+        "query": ["What is 2+2? The answer is \\boxed{4}.", "What is 2+2? The answer is \\boxed{5}.", "What is 1/0? \\boxed{1}"],
+        "prompts": ["What is 2+2? ", "What is 2+2? ", "What is 1/0? "],
+        "labels": ["4", "4", "\\frac{1}{0}???"]})
+    assert status == 200
+    assert body["rewards"] == [1.0, 0.0, 0.0] and body["scores"] == body["rewards"]
+    assert body["unscored"] == [2]  # an unparseable label: the math reward says None, OpenRLHF gets 0.0
+    assert body["extra_logs"] == {"unscored": [0.0, 0.0, 1.0]}
+
+
+def test_verl_compute_score(math_server):
+    status, body = math_server.post("/compute_score", {"data_source": "math", "solution_str": "so \\boxed{\\frac{1}{2}}", "ground_truth": "0.5", "extra_info": {"index": 3}})
+    assert status == 200 and body == {"score": 1.0, "unscored": False, "reason": ""}
+    status, body = math_server.post("/compute_score", [{"data_source": "math", "solution_str": "\\boxed{3}", "ground_truth": "3"},
+                                                       {"data_source": "math", "solution_str": "\\boxed{2}", "ground_truth": "3"}])
+    assert status == 200 and [b["score"] for b in body] == [1.0, 0.0] and not any(b["unscored"] for b in body)
+
+
+def test_assay_score(math_server):
+    status, body = math_server.post("/score", {"rows": [{"id": "a", "prompt": "2+2?", "completion": "\\boxed{4}", "answer": "4"},
+                                                        {"id": "b", "prompt": "2+2?", "completion": "\\boxed{5}", "answer": "4"},
+                                                        {"id": "c", "completion": "\\boxed{1}", "answer": "\\frac{1}{0}???"}]})
+    assert status == 200
+    results = body["results"]
+    assert [r["id"] for r in results] == ["a", "b", "c"]
+    assert [r["score"] for r in results] == [1.0, 0.0, None]  # None: cannot score, not a silent 0
+    assert results[0]["info"]["reason"] == "correct" and results[2]["info"]["reason"] == "unparseable_gold"
+
+
+def test_bad_requests_are_one_line(math_server):
+    status, body = math_server.post("/score", None, raw=b"{not json")
+    assert status == 400 and body["error"].startswith("bad JSON:") and "\n" not in body["error"]
+    status, body = math_server.post("/get_reward", {"query": "not a list"})
+    assert status == 400 and body["error"] == "'query' must be a list, got str"
+    status, body = math_server.post("/score", {"rows": [{"prompt": "x"}]})
+    assert status == 400 and "row 0" in body["error"]
+    status, body = math_server.post("/nowhere", {})
+    assert status == 404
+    status, body = math_server.post("/get_reward", {"query": ["x"] * 9})
+    assert status == 413 and body["error"] == "batch of 9 items is over --max-batch 8"
+    assert math_server.get("/health")[0] == 200  # and the server goes on
+
+
+# ---------------------------------------------------------------- failure isolation
+
+
+def test_hanging_item_times_out_alone(hang_server):
+    start = time.perf_counter()
+    status, body = hang_server.post("/score", {"rows": [{"completion": "ab"}, {"completion": "hang"}, {"completion": "abcd"}, {"completion": "raise"}]})
+    assert status == 200
+    results = body["results"]
+    assert [r["score"] for r in results] == [2.0, None, 4.0, None]  # Misbehave scores the length
+    assert results[1]["info"]["reason"] == "timeout" and "timeout" in results[1]["error"]
+    assert results[3]["info"]["reason"] == "raised" and "boom" in results[3]["error"]
+    assert time.perf_counter() - start < 30
+    status, body = hang_server.post("/get_reward", {"query": ["hang", "abc"]})
+    assert status == 200 and body["rewards"] == [0.0, 3.0] and body["unscored"] == [0]
+    status, body = hang_server.post("/compute_score", {"solution_str": "hang"})
+    assert status == 200 and body["score"] == 0.0 and body["unscored"] and "timeout" in body["reason"]
+
+
+def test_sigterm_stops_promptly():
+    server = Server("--reward", "math", "--workers", "1")
+    assert server.post("/compute_score", {"solution_str": "\\boxed{1}", "ground_truth": "1"})[1]["score"] == 1.0
+    start = time.perf_counter()
+    code = server.stop()
+    assert code == 0 and time.perf_counter() - start < 10  # the handler stops the server; it does not die of the signal
