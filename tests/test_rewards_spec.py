@@ -117,7 +117,7 @@ def test_control_rewards():
     assert FormatOnlyReward().score(traj(r"\boxed{}", "4")).score == 0.0
 
 
-@pytest.mark.parametrize("mod", ["math", "text", "transforms", "monitors", "spec", "executor", "trl_adapter"])
+@pytest.mark.parametrize("mod", ["math", "text", "transforms", "monitors", "spec", "executor", "trl_adapter", "serve"])
 def test_doctests(mod):
     assert doctest.testmod(importlib.import_module(f"assay.rewards.{mod}")).failed == 0
 

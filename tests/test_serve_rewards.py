@@ -45,9 +45,9 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return r.status, json.loads(r.read())
 
-    def stop(self) -> int:
-        """SIGTERM; the exit code (the caller checks it came promptly)."""
-        self.proc.send_signal(signal.SIGTERM)
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send `sig`; the exit code (the caller checks it came promptly)."""
+        self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=20)
         finally:
@@ -75,11 +75,11 @@ def hang_server():
 
 
 def test_openrlhf_completion_is_query_after_prompt():
-    rows = openrlhf_rows({"query": ["Q: 1+1?\nA: 2", "other"], "prompts": ["Q: 1+1?\n", "Q"], "labels": ["2", "3"]})
+    rows, _ = openrlhf_rows({"query": ["Q: 1+1?\nA: 2", "other"], "prompts": ["Q: 1+1?\n", "Q"], "labels": ["2", "3"]})
     assert [r["completion"] for r in rows] == ["A: 2", "other"]  # a query not starting with its prompt is kept whole
     assert [r["prompt"] for r in rows] == ["Q: 1+1?\n", "Q"]
     assert [r["answer"] for r in rows] == ["2", "3"]
-    assert openrlhf_rows({"query": ["x"]})[0] == {"prompt": "", "completion": "x", "answer": None}
+    assert openrlhf_rows({"query": ["x"]})[0][0] == {"prompt": "", "completion": "x", "answer": None}
     with pytest.raises(BadRequest, match="'labels' has 1 items but 'query' has 2"):
         openrlhf_rows({"query": ["a", "b"], "labels": ["1"]})
 
@@ -138,6 +138,8 @@ def test_bad_requests_are_one_line(math_server):
     assert status == 400 and body["error"] == "'query' must be a list, got str"
     status, body = math_server.post("/score", {"rows": [{"prompt": "x"}]})
     assert status == 400 and "row 0" in body["error"]
+    status, body = math_server.post("/score", {"rows": [{"completion": "x", "group": "not a number"}]})
+    assert status == 400 and body["error"].startswith("row 0: invalid literal for int()")
     status, body = math_server.post("/nowhere", {})
     assert status == 404
     status, body = math_server.post("/get_reward", {"query": ["x"] * 9})
@@ -163,9 +165,10 @@ def test_hanging_item_times_out_alone(hang_server):
     assert status == 200 and body["score"] == 0.0 and body["unscored"] and "timeout" in body["reason"]
 
 
-def test_sigterm_stops_promptly():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_promptly(sig):
     server = Server("--reward", "math", "--workers", "1")
     assert server.post("/compute_score", {"solution_str": "\\boxed{1}", "ground_truth": "1"})[1]["score"] == 1.0
     start = time.perf_counter()
-    code = server.stop()
+    code = server.stop(sig)
     assert code == 0 and time.perf_counter() - start < 10  # the handler stops the server; it does not die of the signal

@@ -31,6 +31,7 @@ one at a time (the executor's workers score each batch's items in parallel).
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import threading
@@ -64,13 +65,13 @@ def _list(body: Any, key: str, n: int | None = None) -> list[Any]:
 
 
 def _unscored(r: RewardResult) -> bool:
-    return r.score is None or r.error is not None
+    return r.score is None or r.error is not None or not math.isfinite(r.score)
 
 
 # ---------------------------------------------------------------- OpenRLHF
 
 
-def openrlhf_rows(body: Any) -> list[dict[str, Any]]:
+def openrlhf_rows(body: Any) -> tuple[list[dict[str, Any]], bool]:
     """Rows from OpenRLHF's `{query, prompts, labels}`; the completion is the query after its prompt."""
     if not isinstance(body, dict):
         raise BadRequest("OpenRLHF body must be an object with 'query' (and 'prompts', 'labels')")
@@ -81,10 +82,10 @@ def openrlhf_rows(body: Any) -> list[dict[str, Any]]:
     for q, p, label in zip(queries, prompts, labels):
         q, p = str(q), str(p)
         rows.append({"prompt": p, "completion": q[len(p):] if p and q.startswith(p) else q, "answer": label})
-    return rows
+    return rows, False
 
 
-def openrlhf_reply(results: list[RewardResult], single: bool) -> dict[str, Any]:
+def openrlhf_reply(results: list[RewardResult], rows: list[dict[str, Any]], single: bool) -> dict[str, Any]:
     """`rewards` and `scores` (0.0 where unscored), `extra_logs`, and the unscored indices."""
     scores = [0.0 if _unscored(r) else float(r.score) for r in results]
     flags = [float(_unscored(r)) for r in results]
@@ -113,7 +114,7 @@ def verl_rows(body: Any) -> tuple[list[dict[str, Any]], bool]:
     return [_verl_row(body)], True
 
 
-def verl_reply(results: list[RewardResult], single: bool) -> Any:
+def verl_reply(results: list[RewardResult], rows: list[dict[str, Any]], single: bool) -> Any:
     """`{score, unscored, reason}` per item (0.0 where unscored), one object for one item."""
     out = [{"score": 0.0 if _unscored(r) else float(r.score), "unscored": _unscored(r),
             "reason": r.error or (str(r.info.get("reason", "")) if r.score is None else "")} for r in results]
@@ -123,7 +124,7 @@ def verl_reply(results: list[RewardResult], single: bool) -> Any:
 # ---------------------------------------------------------------- assay
 
 
-def assay_rows(body: Any) -> list[dict[str, Any]]:
+def assay_rows(body: Any) -> tuple[list[dict[str, Any]], bool]:
     """Rows from `{"rows": [...]}` (or a bare list), each needing 'completion'."""
     rows = body.get("rows") if isinstance(body, dict) else body
     if not isinstance(rows, list):
@@ -131,12 +132,20 @@ def assay_rows(body: Any) -> list[dict[str, Any]]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or "completion" not in row:
             raise BadRequest(f"row {i}: needs an object with 'completion' (and prompt, answer)")
-    return rows
+    return rows, False
 
 
-def assay_reply(results: list[RewardResult], single: bool, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def assay_reply(results: list[RewardResult], rows: list[dict[str, Any]], single: bool) -> dict[str, Any]:
     """The rows `assay reward score` writes: id, score (null when unscored), components, info, error."""
-    return {"results": [result_row((rows[i].get("id", i) if rows else i), r) for i, r in enumerate(results)]}
+    return {"results": [result_row(row.get("id", i), r) for i, (row, r) in enumerate(zip(rows, results))]}
+
+
+#: path -> (parse: body -> (rows, single), reply: (results, rows, single) -> JSON)
+FORMATS: dict[str, tuple[Callable[[Any], tuple[list[dict[str, Any]], bool]], Callable[..., Any]]] = {
+    "/get_reward": (openrlhf_rows, openrlhf_reply),
+    "/compute_score": (verl_rows, verl_reply),
+    "/score": (assay_rows, assay_reply),
+}
 
 
 # ---------------------------------------------------------------- the service
@@ -155,23 +164,22 @@ class RewardService:
 
     def post(self, path: str, body: Any) -> Any:
         """The reply to a POST of `body` (parsed JSON) to `path`; BadRequest for a bad one."""
-        single = False
-        if path == "/get_reward":
-            rows, reply = openrlhf_rows(body), openrlhf_reply
-        elif path == "/compute_score":
-            (rows, single), reply = verl_rows(body), verl_reply
-        elif path == "/score":
-            rows = assay_rows(body)
-            reply = lambda results, single: assay_reply(results, single, rows)  # noqa: E731
-        else:
+        if path not in FORMATS:
             raise BadRequest(f"no such endpoint {path}; POST /get_reward (OpenRLHF), /compute_score (verl), /score (assay)", 404)
+        parse, reply = FORMATS[path]
+        rows, single = parse(body)
         if len(rows) > self.max_batch:
             raise BadRequest(f"batch of {len(rows)} items is over --max-batch {self.max_batch}", 413)
-        trajs = [row_to_traj(row, i) for i, row in enumerate(rows)]
+        trajs = []
+        for i, row in enumerate(rows):
+            try:
+                trajs.append(row_to_traj(row, i))
+            except (TypeError, ValueError) as e:  # e.g. a `group` that is not a number
+                raise BadRequest(f"row {i}: {e}".splitlines()[0]) from None
         with self._lock:
             results = self.executor.score(trajs)
             self.items += len(results)
-        return reply(results, single)
+        return reply(results, rows, single)
 
     def health(self) -> dict[str, Any]:
         ex = self.executor
