@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -147,6 +148,22 @@ def test_bad_requests_are_one_line(math_server):
     assert math_server.get("/health")[0] == 200  # and the server goes on
 
 
+CHAIN = "{name: weighted, args: {components: {a: math, b: {name: math, args: {no_box: zero}}}, weights: {a: 1.0, b: 0.5}}, transforms: [{name: clip, args: {low: 0.0, high: 1.25}}]}"
+
+
+def test_a_composed_chain_is_served():
+    server = Server("--reward", CHAIN, "--workers", "1")
+    try:
+        # a boxed right answer: 1.0*1 + 0.5*1 = 1.5, clipped to 1.25; "The answer is 4" is
+        # right for `a` (anchored) but 0 for `b` (no_box: zero): 1.0; a wrong box: 0.
+        status, body = server.post("/get_reward", {"query": ["\\boxed{4}", "The answer is 4", "\\boxed{5}"], "labels": ["4", "4", "4"]})
+        assert status == 200 and body["rewards"] == [1.25, 1.0, 0.0] and body["unscored"] == []
+        status, body = server.post("/score", {"rows": [{"completion": "The answer is 4", "answer": "4"}]})
+        assert body["results"][0]["score"] == 1.0 and body["results"][0]["components"] == {"a": 1.0, "b": 0.0}
+    finally:
+        assert server.stop() == 0
+
+
 # ---------------------------------------------------------------- failure isolation
 
 
@@ -172,3 +189,22 @@ def test_a_signal_stops_promptly(sig):
     start = time.perf_counter()
     code = server.stop(sig)
     assert code == 0 and time.perf_counter() - start < 10  # the handler stops the server; it does not die of the signal
+
+
+def test_a_signal_stops_the_server_while_a_worker_hangs():
+    server = Server("--reward", "_reward_helpers:Misbehave", "--workers", "1", "--timeout", "60")
+    replies = []
+
+    def call():
+        try:
+            replies.append(server.post("/score", {"rows": [{"completion": "hang"}]}))
+        except OSError as e:  # the server closes the connection of the request it abandons
+            replies.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    time.sleep(1.5)  # the item is on a worker now, 58 s from its deadline
+    start = time.perf_counter()
+    assert server.stop() == 0 and time.perf_counter() - start < 10
+    t.join(10)
+    assert len(replies) == 1 and isinstance(replies[0], OSError)
