@@ -208,3 +208,23 @@ def test_a_signal_stops_the_server_while_a_worker_hangs():
     assert server.stop() == 0 and time.perf_counter() - start < 10
     t.join(10)
     assert len(replies) == 1 and isinstance(replies[0], OSError)
+
+
+def test_the_rm_reward_is_served(tmp_path, tiny_model_dir):
+    """A real (randomly headed) reward model: the server's scores are its scores of prompt + completion."""
+    from assay.rm.model import Encoder, build_rm, save_rm, score_texts
+
+    model, tok = build_rm(str(tiny_model_dir), seed=3)
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
+    items = [("1+2=", "3"), ("10+20=", "30 and more"), ("7+7=", "14")]
+    expected = score_texts(model, Encoder(tok, 64), items)
+    assert len({round(x, 4) for x in expected}) == 3  # three different numbers, so the order is checked too
+    server = Server("--reward", f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}", "--workers", "0")
+    try:
+        status, body = server.post("/get_reward", {"query": [p + c for p, c in items], "prompts": [p for p, _ in items]})
+        assert status == 200 and body["unscored"] == []
+        assert body["rewards"] == pytest.approx(expected, abs=1e-5)
+        status, body = server.post("/compute_score", {"solution_str": "3", "extra_info": {"prompt": "1+2="}})
+        assert body["score"] == pytest.approx(expected[0], abs=1e-5)
+    finally:
+        assert server.stop() == 0
