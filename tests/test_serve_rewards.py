@@ -228,3 +228,18 @@ def test_the_rm_reward_is_served(tmp_path, tiny_model_dir):
         assert body["score"] == pytest.approx(expected[0], abs=1e-5)
     finally:
         assert server.stop() == 0
+
+
+def test_startup_errors_are_one_line():
+    import socket
+
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = [sys.executable, "-m", "assay.cli", "serve", "rewards"]
+    p = subprocess.run([*cmd, "--reward", "nonesuch"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("assay: error: reward.name: unknown reward 'nonesuch'") and len(p.stderr.strip().splitlines()) == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([*cmd, "--reward", "math", "--port", str(port), "--workers", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip() == f"assay: error: serve rewards: cannot listen on 127.0.0.1:{port}: Address already in use"
