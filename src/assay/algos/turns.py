@@ -110,7 +110,7 @@ def turn_grpo(
     Every episode of the group enters the baseline at every turn index, so a late turn is
     never compared only with the episodes that lasted as long (the struggling ones); with an
     outcome reward only (r_ik = 0 before the last turn) G̃_ik = R_i at every k and this is
-    GRPO exactly, whatever the number of turns (docs/algorithms.md, "Credit per turn").
+    GRPO exactly, whatever the number of turns (docs/algorithms.md, `turn_grpo`).
     The turn-level return-to-go and the group comparison at each turn follow Zeng et al.,
     "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment"
     (MT-GRPO, 2025), arXiv:2505.11821; the per-turn-index group comparison is the step-level
