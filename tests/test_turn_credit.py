@@ -179,14 +179,49 @@ def test_the_loop_records_progress_and_the_first_turn():
     assert t.info["turn_rewards"] == [0.0, 1.0] and t.info["turn_progress"] == [0.0, 1.0] and t.info["first_turn"] == 0
 
 
-def test_assay_train_with_turn_grpo_moves_the_weights(tmp_path):
+@pytest.mark.parametrize("advantage", ["turn_grpo", "turn_progress"])
+def test_assay_train_with_turn_credit_moves_the_weights(tmp_path, advantage):
     from _train_helpers import assert_learned
+
+    from assay.report.metrics import read_metrics
 
     start = resolve_model_path(load_config(None, []).model.path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
-    args = ["env.name=_agents_env:Retry", "env.max_turns=3", "algo.advantage=turn_grpo", "rollout.prompts_per_step=4",
+    args = ["env.name=_agents_env:Retry", "env.max_turns=3", f"algo.advantage={advantage}", "rollout.prompts_per_step=4",
             "rollout.group_size=4", "train.steps=2", "train.eval_every=0", "train.eval_n=4", "optim.warmup_steps=0", "optim.lr=1e-3",
             "reward_workers=0", "train.threads=1", f"output_dir={tmp_path}", "run_name=r"]
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", *args], capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert_learned(tmp_path / "r", start)
+    rows = [r for r in read_metrics(tmp_path / "r" / "metrics.jsonl") if "actor/loss" in r]
+    assert len(rows) == 2 and any(r["agent/turns_mean"] > 1 for r in rows)  # episodes of several turns were trained on
+
+
+def test_in_a_run_the_turns_of_an_episode_get_their_own_advantages(tmp_path, monkeypatch):
+    """The trainer builds the extras from real episodes: every model turn gets credit, environment tokens get 0."""
+    import assay.train.rl as rl
+    from assay.train.rl import Trainer
+
+    seen = []
+    real = rl.compute_advantages
+
+    def capture(batch, algo, extras=None, args=None):
+        adv = real(batch, algo, extras, args)
+        seen.append((batch, adv, extras))
+        return adv
+
+    monkeypatch.setattr(rl, "compute_advantages", capture)
+    cfg = load_config(None, [f"output_dir={tmp_path}", "run_name=r", "train.steps=1", "train.eval_every=0", "train.eval_n=4",
+                             "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.threads=1",
+                             "env.name=_agents_env:Retry", "env.max_turns=3", "algo.advantage=turn_progress"])
+    Trainer(cfg).fit(progress=False)
+    batch, adv, extras = seen[0]
+    index = extras["turn_index"]
+    assert index.shape == batch.mask.shape and (adv[index < 0] == 0).all() and (batch.mask[index >= 0] == 1).all()
+    several = [i for i in range(adv.shape[0]) if int(index[i].max()) >= 1]
+    assert several, "the run had no episode of several turns"
+    r = batch.rewards
+    varied = [i for i in several if r[batch.group == batch.group[i]].unique().numel() > 1]
+    assert varied and all((adv[i][batch.mask[i] == 1] != 0).all() for i in varied)  # every turn's tokens got credit
+    # and the advantages are the estimator's on the extras the trainer built
+    torch.testing.assert_close(adv, ADVANTAGES.get("turn_progress")(r, batch.group, batch.mask, **extras))
