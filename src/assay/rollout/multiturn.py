@@ -29,6 +29,11 @@ the model's context), `max_seconds` of wall time per episode (checked between tu
 tool's own deadline bounds a step). Every episode ends with a `finish_reason`: the
 environment's (`answer`, `done`), `max_turns`, `context`, `time` or `env_error` (the
 environment itself raised: the episode scores None and the run goes on).
+
+Each trajectory's `info` holds the episode's `reward`, `turn_rewards` (each step's reward),
+`turn_progress` (each step's `info["progress"]`, None where it gave none; read by the
+`turn_progress` estimator), `tool_calls`, `turns_total`, and `first_turn`: the episode turn of the part's
+first span in `turns` (0 unless a split episode's later part).
 """
 
 from __future__ import annotations
