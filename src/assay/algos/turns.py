@@ -111,9 +111,10 @@ def turn_grpo(
     never compared only with the episodes that lasted as long (the struggling ones); with an
     outcome reward only (r_ik = 0 before the last turn) G̃_ik = R_i at every k and this is
     GRPO exactly, whatever the number of turns (docs/algorithms.md, `turn_grpo`).
-    The turn-level return-to-go and the group comparison at each turn follow Zeng et al.,
+    Turn-level advantages from group-normalised turn rewards come from Zeng et al.,
     "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment"
-    (MT-GRPO, 2025), arXiv:2505.11821; the per-turn-index group comparison is the step-level
+    (MT-GRPO, 2025), arXiv:2505.11821 (there: a turn-reward and an outcome advantage, summed;
+    here: one return-to-go per turn). The per-turn-index group comparison is the step-level
     group of Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training"
     (GiGPO, 2025), arXiv:2505.10978, grouped by turn index rather than by a repeated
     environment state. Deliberate change: ended episodes hold their last turn's value
