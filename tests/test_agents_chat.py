@@ -68,9 +68,11 @@ def test_a_template_that_rewrites_history_splits_the_episode_explicitly(chat):
     for i in range(0, 6, 3):
         parts = trajs[i : i + 3]
         assert [p.info["segment"] for p in parts] == [0, 1, 2] and all(p.info["segments"] == 3 for p in parts)
+        assert [p.info["first_turn"] for p in parts] == [0, 1, 2]  # each part's turn is its episode's turn (turn credit)
         assert [p.finish_reason for p in parts] == ["split", "split", "answer"]
         assert all(len(p.turns) == 1 and all(p.loss_mask) and p.info["reward"] == 1.0 for p in parts)
         assert tok.decode(parts[2].prompt_ids).endswith("<|im_start|>tool\nresult 2<|im_end|>\n<|im_start|>assistant\n")
 
     trajs = episodes(model, tok, n=2, max_turns=2)  # split after turn 2, then out of turns: no empty third part
     assert [p.finish_reason for p in trajs] == ["split", "max_turns"] * 2 and all(len(p.turns) == 1 for p in trajs)
+    assert [p.info["first_turn"] for p in trajs] == [0, 1] * 2

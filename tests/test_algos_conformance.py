@@ -34,6 +34,18 @@ def make_batch(seed: int = 0) -> dict:
         step_ends[i, :n] = torch.sort(torch.randperm(int(lengths[i]), generator=g)[:n]).values
         step_rewards[i, :n] = torch.rand(n, generator=g)
     logprobs = -torch.rand(B, T, generator=g) * 3
+    K = 3  # episodes of 1 to 3 turns: a model turn, then one environment token (mask 0) between turns
+    turn_rewards = torch.full((B, K), math.nan)
+    turn_progress = torch.full((B, K), math.nan)
+    turn_index = torch.full((B, T), -1, dtype=torch.long)
+    for i in range(B):
+        n = int(torch.randint(1, K + 1, (1,), generator=g))
+        turn_rewards[i, :n] = torch.rand(n, generator=g).round(decimals=1)
+        turn_progress[i, :n] = torch.rand(n, generator=g).round(decimals=1)
+        turn_index[i] = torch.clamp(torch.arange(T) * n // T, max=n - 1)
+        for b in (torch.arange(1, n) * T // n).tolist():
+            mask[i, b] = 0  # the environment's token at the turn boundary
+        turn_index[i][mask[i] == 0] = -1
     return {
         "rewards": rewards,
         "group": torch.arange(N_GROUPS).repeat_interleave(G),
@@ -47,10 +59,14 @@ def make_batch(seed: int = 0) -> dict:
         "logprobs": logprobs,
         "ref_logprobs": logprobs + 0.3 * torch.randn(B, T, generator=g),
         "kl_coef": 0.05,
+        "turn_rewards": turn_rewards,
+        "turn_index": turn_index,
+        "turn_progress": turn_progress,
     }
 
 
-EXTRA_NAMES = {"values", "greedy_rewards", "components", "step_rewards", "step_ends", "correct", "logprobs", "ref_logprobs", "kl_coef"}
+EXTRA_NAMES = {"values", "greedy_rewards", "components", "step_rewards", "step_ends", "correct", "logprobs", "ref_logprobs", "kl_coef",
+               "turn_rewards", "turn_index", "turn_progress"}
 
 
 def call(name, batch: dict, only_needed: bool = True) -> torch.Tensor:
@@ -69,7 +85,7 @@ ESTIMATORS = ADVANTAGES.names()
 
 def test_registries_are_populated():
     assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "gae", "gdpo", "passk",
-            "tailrl", "evpo", "papo", "pure", "grpo_process", "frpo"} <= set(ESTIMATORS)
+            "tailrl", "evpo", "papo", "pure", "grpo_process", "frpo", "turn_grpo", "turn_progress"} <= set(ESTIMATORS)
     assert {"ppo_clip", "gspo", "cispo", "sapo", "reinforce"} <= set(POLICY_LOSSES.names())
 
 
@@ -105,6 +121,8 @@ def test_estimator_padding_invariance(name):
     # garbage on the existing padding too
     for k in PER_TOKEN:
         padded[k] = torch.where(padded["mask"].bool(), padded[k], torch.full_like(padded[k], -77.0))
+    # a turn index on padding names a real turn: the mask alone must keep it out
+    padded["turn_index"] = torch.cat([batch["turn_index"], torch.zeros(B, 3, dtype=torch.long)], 1)
     out_p = call(name, padded)
     torch.testing.assert_close(out_p[:, :T], out, atol=1e-5, rtol=1e-5)
     assert (out_p[:, T:] == 0).all()
@@ -133,7 +151,7 @@ def check_no_mixing(name):
     rows = batch["group"] == 0
     for k in ("rewards", "greedy_rewards"):
         changed[k] = torch.where(rows, torch.flip(batch[k], [0]) * 3 + 1, batch[k])
-    for k in ("components", "step_rewards", "values", "logprobs"):
+    for k in ("components", "step_rewards", "values", "logprobs", "turn_rewards", "turn_progress"):
         changed[k] = torch.where(rows[:, None], batch[k] * 2 - 1, batch[k])
     changed["correct"] = torch.where(rows, ~batch["correct"], batch["correct"])
     out_c = call(name, changed)

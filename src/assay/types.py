@@ -67,7 +67,8 @@ class Trajectory:
         finish_reason: why generation stopped: `stop` (EOS), `length` (token limit) or a
             backend's or environment's own reason; by default derived from `finished`.
         info: what made it besides the tokens: for an episode of an environment, its reward,
-            per-turn rewards and tool calls (`assay.rollout.multiturn`); empty otherwise.
+            per-turn rewards and progress, the index of its first turn and tool calls
+            (`assay.rollout.multiturn`); empty otherwise.
     """
 
     sample: Sample

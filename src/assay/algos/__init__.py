@@ -16,6 +16,7 @@ Helpers that are not registry entries: `mismatch_correction` (TIS/MIS weights),
 from assay.algos.advantages import ADVANTAGES, requirements
 from assay.algos.args import bind_args, hyperparameters
 from assay.algos import credit  # noqa: F401  (registers the token- and step-level estimators)
+from assay.algos import turns  # noqa: F401  (registers the turn-level estimators)
 from assay.algos.correction import mismatch_correction
 from assay.algos.credit import compute_gae, explained_variance, step_to_token
 from assay.algos.entropy import entropy_from_logits, entropy_stats

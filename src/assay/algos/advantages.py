@@ -12,13 +12,14 @@ Every estimator has the same signature, so the trainer never special-cases a nam
   declares their names with `@declare(needs=...)` (`fn.needs`; `requirements(name)`
   reads it back). The trainer produces each extra with the provider registered under its
   name (`assay.train.extras.EXTRAS`: values, reference logprobs, greedy-rollout rewards,
-  step rewards, ...), and passes exactly the declared ones. Every other keyword
+  step rewards, an episode's turns, ...), and passes exactly the declared ones. Every other keyword
   parameter is a hyperparameter, set from `algo.advantage_args` and checked against the
   signature (`assay.algos.args`).
 
 Estimators are called under `torch.no_grad()` semantics: extras such as `logprobs` or
 `values` must be detached by the caller. Token-level and step-level estimators (GAE,
-EVPO, PURE, process GRPO, FRPO) live in `assay.algos.credit`.
+EVPO, PURE, process GRPO, FRPO) live in `assay.algos.credit`, the turn-level ones of multi-turn
+episodes (`turn_grpo`, `turn_progress`) in `assay.algos.turns`.
 """
 
 from __future__ import annotations

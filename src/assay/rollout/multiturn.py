@@ -29,6 +29,11 @@ the model's context), `max_seconds` of wall time per episode (checked between tu
 tool's own deadline bounds a step). Every episode ends with a `finish_reason`: the
 environment's (`answer`, `done`), `max_turns`, `context`, `time` or `env_error` (the
 environment itself raised: the episode scores None and the run goes on).
+
+Each trajectory's `info` holds the episode's `reward`, `turn_rewards` (each step's reward),
+`turn_progress` (each step's `info["progress"]`, None where it gave none; read by the
+`turn_progress` estimator), `tool_calls`, `turns_total`, and `first_turn`: the episode turn of the part's
+first span in `turns` (0 unless a split episode's later part).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Episode:
     mask: list[int] = field(default_factory=list)
     turns: list[tuple[int, int]] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)
+    progress: list[float | None] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     parts: list[Trajectory] = field(default_factory=list)
@@ -159,9 +165,11 @@ class MultiTurn:
             obs, reward, done, info = e.env.step(action)
         except Exception as err:  # the environment's own bug: this episode cannot be scored, the run goes on
             e.rewards.append(None)
+            e.progress.append(None)
             e.finish, e.error = "env_error", f"{type(err).__name__}: {err}"[:300]
             return
         e.rewards.append(reward)
+        e.progress.append(info.get("progress"))
         e.calls += [(c.name, c.outcome) for c in info.get("tool_calls", [])]
         if done:
             e.finish = info.get("finish_reason", "done")
@@ -203,7 +211,7 @@ class MultiTurn:
         scored = [r for r in e.rewards if r is not None]
         reward = None if (not scored or e.rewards[-1:] == [None]) else float(sum(scored))
         for i, p in enumerate(parts):
-            p.info.update(reward=reward, turn_rewards=list(e.rewards), tool_calls=list(e.calls), turns_total=e.n_turns,
+            p.info.update(reward=reward, turn_rewards=list(e.rewards), turn_progress=list(e.progress), tool_calls=list(e.calls), turns_total=e.n_turns,
                           segment=i, segments=len(parts), env_error=e.error)
         return parts
 
@@ -211,7 +219,8 @@ class MultiTurn:
         completion = self.tokenizer.decode(e.ids, skip_special_tokens=True)
         done = finish not in ("max_turns", "context", "time", "split")
         return Trajectory(e.sample, completion, list(e.prompt_ids), list(e.ids), list(e.logprobs), done, group=e.group,
-                          loss_mask=list(e.mask), turns=list(e.turns), version=min(e.versions, default=0), finish_reason=finish)
+                          loss_mask=list(e.mask), turns=list(e.turns), version=min(e.versions, default=0), finish_reason=finish,
+                          info={"first_turn": e.n_turns - len(e.turns)})
 
     # -- tokens --------------------------------------------------------------------------
 

@@ -228,3 +228,72 @@ class Values(Extra):
         if tensors is None or state is None:
             raise AssayError(f"--resume: the checkpoint has no critic; algo.advantage={self.trainer.cfg.algo.advantage!r} needs one")
         self.critic.load(tensors, state)
+
+
+# ---------------------------------------------------------------- turns of an episode
+
+
+def turn_tensors(trajs: list[Trajectory], T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-turn rewards `[B, K]`, the turn of each completion token `[B, T]` and per-turn progress `[B, K]`.
+
+    K is the most turns of any episode in the batch. A row's turn rewards are its episode's
+    `info["turn_rewards"]` (None, an unscored turn, as 0; NaN after the last turn); its
+    progress is `info["turn_progress"]` (NaN where none). A token of the model's j-th span
+    in `Trajectory.turns` belongs to episode turn `info["first_turn"] + j` (a split
+    episode's later part starts past 0); every other token to none (−1). A trajectory
+    without `turns` is one turn covering its whole completion.
+
+    >>> from assay.types import Sample
+    >>> t = Trajectory(Sample("x", "p", "1"), "", [0], [5, 6, 7, 8], [0.0] * 4, True, turns=[(0, 1), (3, 4)],
+    ...                info={"turn_rewards": [0.0, 1.0]})
+    >>> r, idx, p = turn_tensors([t], 5)
+    >>> r, idx
+    (tensor([[0., 1.]]), tensor([[ 0, -1, -1,  1, -1]]))
+    """
+    def n_turns(t: Trajectory) -> int:
+        return max(len(t.info.get("turn_rewards") or []), t.info.get("first_turn", 0) + len(t.turns or []), 1)
+
+    K = max([n_turns(t) for t in trajs] + [1])
+    rewards = torch.full((len(trajs), K), float("nan"))
+    progress = torch.full((len(trajs), K), float("nan"))
+    index = torch.full((len(trajs), T), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        rewards[i, : n_turns(t)] = 0.0
+        for k, r in enumerate(t.info.get("turn_rewards") or []):
+            rewards[i, k] = 0.0 if r is None else float(r)
+        for k, p in enumerate(t.info.get("turn_progress") or []):
+            progress[i, k] = float("nan") if p is None else float(p)
+        spans = t.turns if t.turns is not None else [(0, len(t.completion_ids))]
+        for j, (a, b) in enumerate(spans):
+            index[i, a : min(b, T)] = t.info.get("first_turn", 0) + j
+    return rewards, index, progress
+
+
+def _turn_tensors(step: StepData) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if "turns" not in step.cache:
+        step.cache["turns"] = turn_tensors(step.trajs, step.batch.response_len)
+    return step.cache["turns"]
+
+
+@EXTRAS.register("turn_rewards")
+class TurnRewards(Extra):
+    doc = "[B, K] each episode turn's environment reward (0 where none), NaN after the last turn; a single turn without info: [0]"
+
+    def __call__(self, step):
+        return _turn_tensors(step)[0]
+
+
+@EXTRAS.register("turn_index")
+class TurnIndex(Extra):
+    doc = "[B, T] long, the episode turn of each completion token, -1 on environment tokens and padding"
+
+    def __call__(self, step):
+        return _turn_tensors(step)[1]
+
+
+@EXTRAS.register("turn_progress")
+class TurnProgress(Extra):
+    doc = "[B, K] the environment's info['progress'] after each turn, NaN where it measured none"
+
+    def __call__(self, step):
+        return _turn_tensors(step)[2]
