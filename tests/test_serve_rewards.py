@@ -32,12 +32,12 @@ class Server:
             raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.url = line.split(" on ")[-1].strip()
 
-    def post(self, path: str, payload, raw: bytes | None = None):
-        """`(status, parsed JSON reply)` for a POST."""
+    def post(self, path: str, payload, raw: bytes | None = None, within: float = 60):
+        """`(status, parsed JSON reply)` for a POST answered within `within` seconds."""
         req = urllib.request.Request(self.url + path, data=raw if raw is not None else json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=within) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
@@ -46,11 +46,11 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return r.status, json.loads(r.read())
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        """Send `sig`; the exit code (the caller checks it came promptly)."""
+    def stop(self, sig: int = signal.SIGTERM, within: float = 20) -> int:
+        """Send `sig`; the exit code, which must come within `within` seconds."""
         self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout=20)
+            return self.proc.wait(timeout=within)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -168,14 +168,13 @@ def test_a_composed_chain_is_served():
 
 
 def test_hanging_item_times_out_alone(hang_server):
-    start = time.perf_counter()
-    status, body = hang_server.post("/score", {"rows": [{"completion": "ab"}, {"completion": "hang"}, {"completion": "abcd"}, {"completion": "raise"}]})
+    status, body = hang_server.post("/score", {"rows": [{"completion": "ab"}, {"completion": "hang"}, {"completion": "abcd"}, {"completion": "raise"}]},
+                                    within=30)
     assert status == 200
     results = body["results"]
     assert [r["score"] for r in results] == [2.0, None, 4.0, None]  # Misbehave scores the length
     assert results[1]["info"]["reason"] == "timeout" and "timeout" in results[1]["error"]
     assert results[3]["info"]["reason"] == "raised" and "boom" in results[3]["error"]
-    assert time.perf_counter() - start < 30
     status, body = hang_server.post("/get_reward", {"query": ["hang", "abc"]})
     assert status == 200 and body["rewards"] == [0.0, 3.0] and body["unscored"] == [0]
     status, body = hang_server.post("/compute_score", {"solution_str": "hang"})
@@ -186,9 +185,8 @@ def test_hanging_item_times_out_alone(hang_server):
 def test_a_signal_stops_promptly(sig):
     server = Server("--reward", "math", "--workers", "1")
     assert server.post("/compute_score", {"solution_str": "\\boxed{1}", "ground_truth": "1"})[1]["score"] == 1.0
-    start = time.perf_counter()
-    code = server.stop(sig)
-    assert code == 0 and time.perf_counter() - start < 10  # the handler stops the server; it does not die of the signal
+    code = server.stop(sig, within=10)
+    assert code == 0  # the handler stops the server; it does not die of the signal
 
 
 def test_a_signal_stops_the_server_while_a_worker_hangs():
@@ -204,8 +202,7 @@ def test_a_signal_stops_the_server_while_a_worker_hangs():
     t = threading.Thread(target=call, daemon=True)
     t.start()
     time.sleep(1.5)  # the item is on a worker now, 58 s from its deadline
-    start = time.perf_counter()
-    assert server.stop() == 0 and time.perf_counter() - start < 10
+    assert server.stop(within=10) == 0  # long before the hanging item's 60 s deadline
     t.join(10)
     assert len(replies) == 1 and isinstance(replies[0], OSError)
 

@@ -18,6 +18,17 @@ def split_train_args(items: list[str]) -> tuple[str | None, list[str]]:
     return (files[0] if files else None), [a for a in items if "=" in a]
 
 
+def _stopped(e: BaseException, command: str) -> int:
+    """The exit code of a run stopped by Ctrl-C (130) or SIGTERM (143) after its checkpoint was
+    saved, with the line that resumes it; re-raised when it stopped before anything was saved."""
+    how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)  # type: ignore[attr-defined]
+    if getattr(e, "run_dir", None) is None:
+        raise e
+    print(f"assay: {how} at step {e.step}; checkpoint saved; continue with: {command} --resume {e.run_dir}",  # type: ignore[attr-defined]
+          file=sys.stderr)
+    return code
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from assay.api import train
     from assay.train.interrupt import Preempted
@@ -29,12 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         result = train(config_path, *overrides, resume=args.resume, progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
-        how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)
-        if getattr(e, "run_dir", None) is None:  # before the run started: nothing was saved
-            raise
-        print(f"assay: {how} at step {e.step}; checkpoint saved; continue with: assay train --resume {e.run_dir}",  # type: ignore[attr-defined]
-              file=sys.stderr)
-        return code
+        return _stopped(e, "assay train")
     for k, v in result.final.items():
         print(f"{k}: {v}", file=sys.stderr)
     print(f"report: {result.run_dir / 'report.html'}", file=sys.stderr)
@@ -131,12 +137,7 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
         else:
             result = train_rm(load_rm_config(config_path, overrides), progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
-        how, code = ("interrupted", 130) if isinstance(e, KeyboardInterrupt) else (str(e), 128 + e.signum)
-        if getattr(e, "run_dir", None) is None:  # before the first step: nothing was saved
-            raise
-        print(f"assay: {how} at step {e.step}; checkpoint saved; continue with: assay rm train --resume {e.run_dir}",  # type: ignore[attr-defined]
-              file=sys.stderr)
-        return code
+        return _stopped(e, "assay rm train")
     for k, v in result.final.items():
         if k.startswith("eval/"):
             print(f"{k}: {v}", file=sys.stderr)

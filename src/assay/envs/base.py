@@ -26,6 +26,7 @@ Adapters (a few lines each, not shipped):
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Callable, NamedTuple
 
 from assay.envs.tools import ToolBox, ToolCall
@@ -44,7 +45,7 @@ class Step(NamedTuple):
     info: dict[str, Any]
 
 
-class Environment:
+class Environment(ABC):
     """Base class of multi-turn environments (see the module docstring); subclasses define `reset` and `step`.
 
     Attributes:
@@ -54,11 +55,13 @@ class Environment:
 
     chat_role = "tool"
 
+    @abstractmethod
     def reset(self, sample: Sample) -> str:
-        raise NotImplementedError
+        """Start an episode for `sample`; the first observation (usually the prompt)."""
 
+    @abstractmethod
     def step(self, action: str) -> Step:
-        raise NotImplementedError
+        """Take the model's turn `action`; the observation, its reward, whether the episode is done, and info."""
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         """The JSON schemas of the tools, for a chat template's `tools=` argument (None: no tools)."""
@@ -92,9 +95,9 @@ class ToolEnv(Environment):
         """The first observation (default: the sample's prompt text)."""
         return sample.prompt if isinstance(sample.prompt, str) else str(sample.prompt[-1].get("content", ""))
 
+    @abstractmethod
     def answer(self, text: str) -> float | None:
         """The final answer's reward."""
-        raise NotImplementedError
 
     def step(self, action: str) -> Step:
         if not self.box.has_call(action):

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from assay.config import Section, apply_override, explain, read_yaml_mapping
+from assay.config import OptimConfig, Section, apply_override, explain, read_yaml_mapping
 from assay.errors import AssayError
 
 
@@ -38,15 +38,16 @@ class RMLossConfig(Section):
     """λ of the length-debiasing term λ·corr(reward, length)² over each batch (ODIN, arXiv 2402.07319); 0: off."""
 
 
-class RMOptimConfig(Section):
+class RMOptimConfig(OptimConfig):
+    """`assay train`'s optimizer settings, with the reward model's own defaults."""
+
     lr: float = Field(1e-4, gt=0.0)
     """AdamW learning rate, constant after the warm-up (so a resumed run that trains longer is still exact)."""
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
-    """Clip the global gradient norm to this value."""
     warmup_steps: int = Field(20, ge=0)
     """Linear learning-rate warm-up, in steps."""
+    fused: bool = False
+    """AdamW's fused kernel (see `assay train`'s `optim.fused`); off here: the figures in
+    docs/reward-models.md were measured with the per-tensor loop."""
 
 
 class RMTrainConfig(Section):

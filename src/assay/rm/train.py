@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from assay.config import apply_override
 from assay.errors import AssayError
 from assay.log import log
 from assay.report.metrics import JsonlSink
@@ -34,9 +32,9 @@ from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
 from assay.train.interrupt import Preempted, StopSignals
-from assay.train.checkpoint import clean_leftovers, latest_checkpoint, load_state, prune_checkpoints, save_checkpoint
+from assay.train.checkpoint import clean_leftovers, load_state, prune_checkpoints, save_checkpoint
 from assay.train.progress import RunProgress, _f
-from assay.train.runs import RUN_FILE, check_writable
+from assay.train.runs import RUN_FILE, new_run_dir, resumed_config, write_config
 
 
 @dataclass
@@ -73,30 +71,9 @@ def load_data(cfg: RMConfig) -> tuple[list[Pair], list[Comparison]]:
     return pairs, heldout
 
 
-def new_run_dir(cfg: RMConfig) -> Path:
-    run_dir = Path(cfg.output_dir) / (cfg.run_name or f"rm-{datetime.now():%Y%m%d-%H%M%S}")
-    check_writable(run_dir)
-    if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
-        raise AssayError(f"run folder {str(run_dir)!r} already holds a run; continue it with `assay rm train --resume {run_dir}`, or choose another run_name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    return run_dir
-
-
 def resume_rm_config(run_dir: str | Path, overrides: list[str] | None = None) -> tuple[RMConfig, Path]:
     """The config of a run folder's newest checkpoint plus the overrides allowed on resume, and that checkpoint."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise AssayError(f"--resume: run folder {str(run_dir)!r} does not exist")
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
-        raise AssayError(f"--resume: {str(run_dir)!r} has no finished checkpoint to continue from; start it again under another run_name")
-    data = json.loads((ckpt / RUN_FILE).read_text())["config"]
-    for item in overrides or []:
-        key = item.partition("=")[0]
-        if key not in SAFE_ON_RESUME:
-            raise AssayError(f"--resume: {key!r} cannot change when a run is resumed; allowed: {', '.join(SAFE_ON_RESUME)}")
-        apply_override(data, item)
+    data, ckpt = resumed_config(run_dir, overrides, SAFE_ON_RESUME)
     return validate(data), ckpt
 
 
@@ -182,13 +159,15 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
     else:
         if cfg is None:
             raise AssayError("train_rm: give a config or a run folder to resume")
-        run_dir = new_run_dir(cfg)
+        run_dir = new_run_dir(cfg, default_name=f"rm-{datetime.now():%Y%m%d-%H%M%S}")
+        write_config(run_dir, cfg)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     pairs, heldout = load_data(cfg)
     model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
     encoder = Encoder(tok, cfg.data.max_length)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
+                            fused=cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda"))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.optim.warmup_steps))
     start = _restore(ckpt, model, opt, sched) if ckpt is not None else 0
     sink = JsonlSink(run_dir / "metrics.jsonl", truncate_after=start if ckpt is not None else None)

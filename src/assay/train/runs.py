@@ -56,9 +56,13 @@ def check_writable(folder: Path) -> None:
             return
 
 
-def new_run_dir(cfg: RunConfig, folder: str | Path | None = None) -> Path:
-    """Make the folder of a new run (`folder`, or `output_dir/run_name`); refuse one that already holds a run."""
-    name = cfg.run_name or f"{cfg.data.task or Path(cfg.data.path or 'data').stem}-{datetime.now():%Y%m%d-%H%M%S}"
+def new_run_dir(cfg: Any, folder: str | Path | None = None, default_name: str | None = None) -> Path:
+    """Make the folder of a new run (`folder`, or `output_dir/run_name`); refuse one that already holds a run.
+
+    `cfg` is any config with `output_dir` and `run_name` (`assay train`'s, `assay rm train`'s);
+    without a run name the folder is `default_name`, or the task (data file) and a time stamp.
+    """
+    name = cfg.run_name or default_name or f"{cfg.data.task or Path(cfg.data.path or 'data').stem}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = Path(folder) if folder is not None else Path(cfg.output_dir) / name
     check_writable(run_dir)
     if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
@@ -71,18 +75,16 @@ def new_run_dir(cfg: RunConfig, folder: str | Path | None = None) -> Path:
     return run_dir
 
 
-def write_config(run_dir: Path, cfg: RunConfig) -> None:
+def write_config(run_dir: Path, cfg: Any) -> None:
     tmp = run_dir / ".config.yaml.tmp"
     tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     os.replace(tmp, run_dir / "config.yaml")
 
 
-def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """The config a run folder was trained with, plus the overrides that may change on resume.
-
-    The newest finished checkpoint's own record is the truth; an override of a key outside
-    `SAFE_ON_RESUME` is refused in one line naming it.
-    """
+def resumed_config(run_dir: str | Path, overrides: list[str] | None, safe: tuple[str, ...]) -> tuple[dict[str, Any], Path]:
+    """The config (a plain dict) a run folder's newest finished checkpoint was trained with, plus
+    the overrides, and that checkpoint. An override of a key outside `safe` is refused in one
+    line naming it; so is a folder without a finished checkpoint."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise AssayError(f"--resume: run folder {str(run_dir)!r} does not exist")
@@ -93,10 +95,17 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ru
     data = read_record(ckpt)["config"]
     for item in overrides or []:
         key = item.partition("=")[0]
-        if key not in SAFE_ON_RESUME:
+        if key not in safe:
             raise AssayError(f"--resume: {key!r} cannot change when a run is resumed (the run folder keeps its own config); "
-                             f"allowed: {', '.join(SAFE_ON_RESUME)}")
+                             f"allowed: {', '.join(safe)}")
         apply_override(data, item)
+    return data, ckpt
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run folder was trained with, plus the overrides that may change on resume
+    (`SAFE_ON_RESUME`); the newest finished checkpoint's own record is the truth."""
+    data, _ = resumed_config(run_dir, overrides, SAFE_ON_RESUME)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
