@@ -1,5 +1,6 @@
 """`assay serve rewards`: the real server in a subprocess, called over real HTTP in each format."""
 
+import http.client
 import json
 import os
 import signal
@@ -196,7 +197,7 @@ def test_a_signal_stops_the_server_while_a_worker_hangs():
     def call():
         try:
             replies.append(server.post("/score", {"rows": [{"completion": "hang"}]}))
-        except OSError as e:  # the server closes the connection of the request it abandons
+        except (OSError, http.client.HTTPException) as e:  # the connection closed as the server exits
             replies.append(e)
 
     t = threading.Thread(target=call, daemon=True)
@@ -204,7 +205,8 @@ def test_a_signal_stops_the_server_while_a_worker_hangs():
     time.sleep(1.5)  # the item is on a worker now, 58 s from its deadline
     assert server.stop(within=10) == 0  # long before the hanging item's 60 s deadline
     t.join(10)
-    assert len(replies) == 1 and isinstance(replies[0], OSError)
+    assert len(replies) == 1  # the abandoned batch is refused (503) or its connection closed, never scored
+    assert isinstance(replies[0], (OSError, http.client.HTTPException)) or replies[0][0] == 503, replies
 
 
 def test_the_rm_reward_is_served(tmp_path, tiny_model_dir):

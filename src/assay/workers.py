@@ -35,6 +35,7 @@ import pickle
 import queue
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -156,7 +157,8 @@ class Worker:
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(5)
-        self.conn.close()
+        with contextlib.suppress(OSError):  # closed already by a thread that saw the worker die
+            self.conn.close()
 
     def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -194,6 +196,8 @@ class WorkerPool:
         for w in range(len(self._workers)):
             self._idle.put(w)
         self._threads = ThreadPoolExecutor(len(self._workers), thread_name_prefix="assay-pool")
+        self._lock = threading.Lock()  # a restart and `close` never interleave
+        self._closed = False
         self.restarts = 0
         atexit.register(self.close)
 
@@ -201,9 +205,13 @@ class WorkerPool:
         return Worker(self._ctx, self._spec, self._ready_timeout, self._name)
 
     def _replace(self, k: int) -> None:
-        self._workers[k].kill()
-        self._workers[k] = self._start()
-        self.restarts += 1
+        """Kill worker k and start another, unless the pool is closing (its killed workers are not replaced)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._workers[k].kill()
+            self._workers[k] = self._start()
+            self.restarts += 1
 
     # ---------------------------------------------------------------- one job per worker, many threads
 
@@ -217,6 +225,8 @@ class WorkerPool:
         """Run one job on the next idle worker, waiting at most `deadline` seconds for it."""
         k = self._idle.get()
         try:
+            if self._closed:
+                return WorkerFailure("the worker pool is closed", "crashed")
             w = self._workers[k]
             start = time.monotonic()
             w.conn.send([(0, job)])
@@ -280,13 +290,17 @@ class WorkerPool:
         results[w.items.popleft()] = failure
         todo.extendleft(reversed(w.items))
         w.items.clear()
-        self._replace(self._workers.index(w))
+        if not self._closed:
+            self._replace(self._workers.index(w))
 
     def close(self) -> None:
-        """Stop every worker (politely, then SIGKILL)."""
-        for w in getattr(self, "_workers", []):
+        """Stop every worker (politely, then SIGKILL); a job still running on one fails, its worker not replaced."""
+        lock = getattr(self, "_lock", None)
+        with lock or contextlib.nullcontext():
+            self._closed = True
+            workers, self._workers = getattr(self, "_workers", []), []
+        for w in workers:
             w.stop()
-        self._workers = []
         if hasattr(self, "_threads"):
             self._threads.shutdown(wait=False)
 

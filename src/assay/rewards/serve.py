@@ -160,6 +160,7 @@ class RewardService:
         self.spec, self.max_batch = spec, max_batch
         self.executor = RewardExecutor(build_reward(spec), workers=workers, timeout=timeout, failure_score=None)
         self.items = 0
+        self.stopping = False  # set at SIGINT/SIGTERM: a batch cut short then is answered 503
         self._lock = threading.Lock()  # the executor's pool serves one batch at a time
 
     def post(self, path: str, body: Any) -> Any:
@@ -177,7 +178,13 @@ class RewardService:
             except (TypeError, ValueError) as e:  # e.g. a `group` that is not a number
                 raise BadRequest(f"row {i}: {e}".splitlines()[0]) from None
         with self._lock:
-            results = self.executor.score(trajs)
+            try:
+                results = self.executor.score(trajs)
+            except Exception:
+                if not self.stopping:
+                    raise
+            if self.stopping:  # its workers were stopped under it: what came back is not the reward's
+                raise BadRequest("the server is stopping; this batch was not scored", 503)
             self.items += len(results)
         return reply(results, rows, single)
 
@@ -263,6 +270,7 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, workers: int = 2
         while not stop.wait(0.5):
             pass
     finally:
+        service.stopping = True
         server.shutdown()
         server.server_close()
         service.executor.close()
