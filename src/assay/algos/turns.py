@@ -1,4 +1,4 @@
-"""Turn-level credit for multi-turn episodes: a group baseline per turn index, and progress-delta rewards.
+"""Turn-level credit for multi-turn episodes: per-turn group baselines, progress deltas, GAE over turns, locked segments.
 
 Same signature as every estimator, `(rewards [B], group [B], mask [B, T], **extras) ->
 advantages [B, T]`. The episode's turns arrive as three extras (`assay.train.extras`):
@@ -12,8 +12,10 @@ advantages [B, T]`. The episode's turns arrive as three extras (`assay.train.ext
 - `turn_progress [B, K]`: a measured progress signal after each turn
   (`Step.info["progress"]`), NaN where the environment measured none.
 
-Every token of a model turn gets that turn's advantage (`turn_to_token`); environment
-tokens and padding get 0 (and have loss mask 0 anyway).
+`turn_gae` also reads the critic's `values [B, T]` and names the critic's targets in its
+`value_targets` attribute (`turn_value_targets`). Every token of a model turn gets that
+turn's advantage (`turn_to_token`); environment tokens and padding get 0 (and have loss
+mask 0 anyway).
 """
 
 from __future__ import annotations
