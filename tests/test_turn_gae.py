@@ -177,3 +177,35 @@ def test_training_on_retry_episodes(tmp_path, monkeypatch, advantage):
         torch.testing.assert_close(returns.cpu(), want_returns)
     else:
         assert not fits
+
+
+def test_the_critic_learns_per_turn_returns(tiny_model_dir):
+    """Fitted to `turn_value_targets`, the critic comes to explain each turn's return at the turn's first token."""
+    from assay.config import CriticConfig
+    from assay.models import load_policy
+    from assay.train.critic import Critic
+    from assay.train.extras import turn_tensors
+    from assay.train.learner import collate
+    from assay.types import RewardResult, Sample, Trajectory
+
+    torch.manual_seed(0)
+    model, tok = load_policy(str(tiny_model_dir))
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    trajs, results = [], []
+    for k in range(6):  # two-turn episodes: the first turn earns k % 2 · 0.5, the second 1 when k < 3
+        first, obs, second = ids(f"{k}{k}"), ids("no"), ids("7")
+        rewards = [0.5 * (k % 2), float(k < 3)]
+        trajs.append(Trajectory(Sample(str(k), f"{k}+{k}="), "", ids(f"{k}+{k}="), first + obs + second, [0.0] * 5, True, group=k,
+                                loss_mask=[1, 1, 0, 0, 1], turns=[(0, 2), (4, 5)], info={"turn_rewards": rewards}))
+        results.append(RewardResult(sum(rewards)))
+    batch = collate(trajs, results, tok.pad_token_id, torch.device("cpu"))
+    tr, index, _ = turn_tensors(trajs, batch.response_len)
+    critic = Critic(model, CriticConfig(lr=3e-3), seed=0)
+    for _ in range(60):
+        v = critic.values(batch)
+        returns, on = turn_value_targets(batch.rewards, v, batch.mask, tr, index, gamma=1.0, lam=1.0)
+        last = critic.fit(batch, v, returns, on, epochs=1, minibatches=2)
+    assert on.sum() == 12 and on[:, 0].all() and on[:, 4].all()  # one target per turn: tokens 0 and 4
+    # γ = λ = 1: the targets are the returns-to-go, e.g. episode 1: 0.5 + 1 at turn 0, 1 at turn 1
+    torch.testing.assert_close(returns[1, [0, 4]], torch.tensor([1.5, 1.0]))
+    assert last["critic/explained_variance"] > 0.9

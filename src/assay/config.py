@@ -152,7 +152,7 @@ class AlgoConfig(Section):
 
 
 class CriticConfig(Section):
-    """The learned value model that `gae` and `evpo` need; built only for an estimator that needs `values`.
+    """The learned value model that `gae`, `evpo` and `turn_gae` need; built only for an estimator that needs `values`.
 
     It is a copy of the policy's backbone with a scalar head, trained by its own AdamW on
     the clipped value loss, with the epochs and minibatches of `algo`.

@@ -282,6 +282,12 @@ def turn_gae(
         values: `[B, T]` the critic's V_t of the state before token t.
         gamma, lam: discount and GAE λ across turns.
         whiten: whiten over the batch's scored model tokens.
+
+    One episode, turn rewards (0, 1), V = 0.25 before turn 0 and 0.5 before turn 1, γ = λ = 1:
+
+    >>> turn_gae(torch.tensor([1.]), torch.tensor([0]), torch.tensor([[1., 0., 1.]]), torch.tensor([[0., 1.]]),
+    ...          torch.tensor([[0, -1, 1]]), torch.tensor([[0.25, 0., 0.5]]), whiten=False)
+    tensor([[0.7500, 0.0000, 0.5000]])
     """
     adv, _, _, _ = turn_gae_core(rewards, values, mask, turn_rewards, turn_index, gamma, lam)
     out = turn_to_token(adv.to(rewards.dtype), turn_index, mask)  # [B, T]
@@ -326,6 +332,14 @@ def segment_locked(
         turn_rewards: `[B, K]` the environment's per-turn rewards, NaN after the last turn.
         turn_index: `[B, T]` the turn of each token, −1 on environment tokens.
         segments: `role` (action turns vs the final turn) or `turn` (each turn index).
+
+    Two episodes of two turns, rewards (0.5, 1) and (0, 0): the first's action turn and its
+    answer each beat the other's, and each turn gets only its own comparison.
+
+    >>> segment_locked(torch.tensor([1.5, 0.]), torch.tensor([0, 0]), torch.tensor([[1., 0., 1.]] * 2),
+    ...                torch.tensor([[0.5, 1.], [0., 0.]]), torch.tensor([[0, -1, 1]] * 2))
+    tensor([[ 0.7071,  0.0000,  0.7071],
+            [-0.7071,  0.0000, -0.7071]])
     """
     r, n = outcome_turn_rewards(rewards, turn_rewards)  # [B, K], [B]
     K = r.shape[1]
