@@ -94,7 +94,7 @@ class Critic:
         scored = on.to(mask.dtype)  # tokens with a target
         out = {
             "critic/explained_variance": explained_variance(old_values, returns, scored),
-            "critic/value_mean": masked_mean(old_values, mask).item(),
+            "critic/value_mean": masked_mean(old_values, scored).item(),  # over the tokens it fits
         }
         agg: dict[str, list[float]] = {}
         self.model.train()
