@@ -55,6 +55,8 @@ def resolve(task: str | None, task_args: dict | None, data, run: str | None, rew
             raise AssayError("--data needs --reward (the reward that checks these rows: a name, module:attr, or a YAML block) "
                              "or --format (a standard layout that brings its reward)")
         return samples_from(data.path, data)[:n], reward, {"data": data.path, **({"format": data.format} if data.format else {})}
+    from assay import envs  # noqa: F401  (registers the environments' tasks: sql-agent, code-fix)
+
     t = make_task(task or "arithmetic", **(task_args or {}))
     return t.heldout(n), reward or t.reward, {"task": task or "arithmetic"}
 
