@@ -117,3 +117,11 @@ def test_code_fix_example_runs_end_to_end(tmp_path):
         assert sum(v for k, v in r.items() if k.startswith("agent/finish/")) == pytest.approx(1.0)
     samples = [json.loads(line) for line in (tmp_path / "code-fix-agent" / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["prompt"].startswith("Write Python: f(") for s in samples)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import assay.envs.code_fix
+
+    assert doctest.testmod(assay.envs.code_fix).failed == 0

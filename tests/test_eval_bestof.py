@@ -136,3 +136,11 @@ def test_bad_input_is_one_line(tmp_path, args, needle):
     p = assay("eval", *args, "--n", "4", "--out", str(tmp_path / "x"))
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("assay: error:") and needle in lines[0], p.stderr
+
+
+def test_docstring_examples():
+    import doctest
+
+    import assay.eval.bestof
+
+    assert doctest.testmod(assay.eval.bestof).failed == 0

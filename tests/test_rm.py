@@ -275,6 +275,11 @@ def test_longer_pairs_are_longer_yet_plausible_sums():
     # a 3-digit answer has no plausible longer wrong answer: the drawn kind waits, so the mix holds (0.25 of 400, ± 3 sd)
     assert abs(len(longer) - 100) <= 3 * (400 * 0.25 * 0.75) ** 0.5
     assert set(Counter(r["subset"] for r in rows)) == set(DEFAULT_MIX)
+    import doctest
+
+    import assay.rm.pairs
+
+    assert doctest.testmod(assay.rm.pairs).failed == 0
 
 
 # ---------------------------------------------------------------- the CLI, end to end

@@ -98,6 +98,7 @@ def cmd_eval_best_of(args: argparse.Namespace) -> int:
     else:
         print(f"best-of-n by {out['selector']}, verified by {out['verifier']}, on {out['problems']} problems:")
         print(bestof.table(out["curve"]))
+    sys.stdout.flush()
     print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     return 0
 

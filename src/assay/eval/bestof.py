@@ -153,7 +153,19 @@ def write(result: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
 
 
 def spec_name(spec: Any) -> str:
-    """A short label for a reward spec (a name, or the block's name)."""
+    """A short label for a reward spec: its name (of a block, inline or not), or the class of a `Reward` object.
+
+    >>> spec_name("{name: rm, args: {path: runs/rm}}"), spec_name("arithmetic")
+    ('rm', 'arithmetic')
+    """
+    if isinstance(spec, str):
+        import yaml
+
+        try:
+            block = yaml.safe_load(spec) if spec.lstrip().startswith("{") else None
+        except yaml.YAMLError:
+            block = None
+        spec = block if isinstance(block, dict) else spec.strip().splitlines()[0][:60]
     if isinstance(spec, dict):
-        return str(spec.get("name", spec))
-    return getattr(spec, "name", None) or (type(spec).__name__ if not isinstance(spec, str) else spec.strip().splitlines()[0][:60])
+        return str(spec.get("name", "?"))
+    return spec if isinstance(spec, str) else type(spec).__name__
