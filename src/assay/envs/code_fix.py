@@ -13,16 +13,16 @@ every test passes the episode ends; otherwise the model is shown a report, at mo
 Failing tests are named by their text (an assert, `fn(args) == expected` for a call test, the
 input of a stdio test, `check(entry_point)` for a check test); `error:` lines are the last
 line of each distinct error: what failing tests wrote to stderr (the exception, for Python)
-or the compile error, each already bounded by the verifier. The tests shown are the ones scored: this is repair against known tests, the
-set-up of "Teaching Large Language Models to Self-Debug" (Chen et al., 2023), not a held-out
-measure.
+or the compile error, each already bounded by the verifier. The tests shown are the ones
+scored: this is repair against known tests, the set-up of "Teaching Large Language Models to
+Self-Debug" (Chen et al., 2023), not a held-out measure.
 
 **What is scored: the last program submitted**, not the best one. Turn k's reward is
 `score_k − score_{k−1}` (the verifier's score of the k-th program minus that of the one before,
 0 before the first), so the episode's reward, the sum of its turns' rewards, is the last
 program's score however the episode ends (all tests passing, `max_attempts`, or a budget of
 the rollout loop: `max_turns`, context, time). A revision that breaks a passing program loses
-what it had; the per-turn differences are what `turn_grpo` credits each turn with, and
+what it had; the per-turn differences are the turn rewards `turn_grpo` builds its returns from, and
 `info["progress"]` (the fraction of tests passing) is what `turn_progress` reads. A program
 the verifier cannot score (sandbox failure, a malformed row) ends the episode with reward None.
 
@@ -31,7 +31,6 @@ The task (`data.task: code-fix`) is a bundled set of small procedural Python pro
 solution in `fields["reference"]`); any code dataset with a `tests` field (`data.format: mbpp`,
 `humaneval`, `apps`) works with the environment too.
 
-    >>> from assay.types import Sample
     >>> names_of({"kind": "assert", "cases": ["assert f(1) == 2"]})
     ['assert f(1) == 2']
 """
