@@ -211,11 +211,21 @@ class Chain(Reward):
         self.kind = reward.kind
 
     def score(self, traj: Trajectory) -> RewardResult:
-        r = score_safely(self.reward, traj)
+        return self._after(score_safely(self.reward, traj), traj)
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        if self.kind != "batch":  # a batch reward (a groupwise judge) must see the batch whole
+            return super().__call__(batch)
+        return [self._after(r, t) for r, t in zip(self.reward(batch), batch)]
+
+    def _after(self, r: RewardResult, traj: Trajectory) -> RewardResult:
         if r.error is not None or r.score is None:
             return r
-        for t in self.transforms:
-            r = t(r, traj)
+        try:
+            for t in self.transforms:
+                r = t(r, traj)
+        except Exception as e:  # a transform's bug fails this item, as in `score_safely`
+            return RewardResult.failed(f"{type(e).__name__}: {e}")
         return r
 
     def hparams(self) -> dict[str, Any]:
