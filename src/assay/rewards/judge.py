@@ -134,6 +134,8 @@ class Judge(Reward):
     """
 
     kind = "batch"
+    #: the conformance suite's block: nothing listens on port 9, so every item is unscored (http_error)
+    example_args = {"url": "http://127.0.0.1:9", "retries": 0, "timeout": 2.0}
 
     def __init__(self, url: str, model: str | None = None, mode: str = "pointwise", template: str | None = None, low: float = 1.0,
                  high: float = 10.0, pattern: str | None = None, against: str = "reference", reference_field: str = "answer",

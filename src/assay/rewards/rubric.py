@@ -127,6 +127,8 @@ class Rubric(Reward):
     """
 
     kind = "batch"
+    example_args = {"criteria": [{"name": "digit", "check": "regex", "pattern": r"\d", "gate": True},
+                                 {"name": "boxed", "check": "contains", "text": "\\boxed", "weight": 2}]}
 
     def __init__(self, criteria: list[dict[str, Any]], judge: dict[str, Any] | None = None, normalize: bool = True):
         if not isinstance(criteria, list) or not criteria:
