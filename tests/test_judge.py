@@ -313,3 +313,15 @@ def test_docstring_examples():
 
     for mod in (assay.rewards.judge, assay.rewards.judge_client, assay.rewards.rubric, assay.rollout.serve_model):
         assert doctest.testmod(mod).failed == 0, mod.__name__
+
+
+def test_example_rubric_scores_with_the_task_verifier():
+    import yaml
+
+    block = yaml.safe_load((TESTS.parent / "examples" / "rubric-arithmetic.yaml").read_text())["reward"]
+    rubric = build_reward(block)
+    out = rubric([traj("46", answer="46"), traj("45", answer="46"), traj("46 ok", answer="46"), traj("123456", answer="123456")])
+    assert [r.score for r in out] == [1.0, pytest.approx(0.1 / 1.1), 0.0, pytest.approx(1 / 1.1)]
+    assert out[0].components == {"integer": 1.0, "correct": 1.0, "short": 1.0} and out[2].info["reason"] == "gate"
+    with pytest.raises(AssayError, match=r"criteria\[0\] \(c\)\.reward: .*unknown"):
+        build_reward({"name": "rubric", "args": {"criteria": [{"name": "c", "check": "reward", "reward": "no_such_reward"}]}})

@@ -20,7 +20,8 @@ Rewards"), and safety-critical criteria gate the reward to zero (HealthCraft's d
 rubric). Every criterion's s_k is a component (`reward/<name>/mean` in metrics).
 
 Checks: `regex` (`pattern`, searched in the completion; `ignore_case`), `contains` (`text`, a
-string or a list that must all appear; `ignore_case`), `judge` (`question`, asked of the
+string or a list that must all appear; `ignore_case`), `reward` (a reward block of assay's
+own, such as a verifier: `reward: arithmetic`, scored in [0, 1]), `judge` (`question`, asked of the
 rubric's `judge`, which answers [[1]] or [[0]] by default, or a rating on its `low`..`high`
 scale), or a `module:function` taking the trajectory and returning a bool or a number in
 [0, 1] (None: cannot check). `negate: true` turns a check into its complement (1 − s).
@@ -44,12 +45,12 @@ from typing import Any
 
 from assay.errors import AssayError
 from assay.registry import load_path
-from assay.rewards.base import REWARDS, Reward
+from assay.rewards.base import REWARDS, Reward, score_safely
 from assay.rewards.judge import Judge, render, unscored
 from assay.types import RewardResult, Trajectory
 
-CHECKS = ("regex", "contains", "judge")
-KEYS = ("name", "weight", "check", "gate", "threshold", "negate", "pattern", "text", "ignore_case", "question")
+CHECKS = ("regex", "contains", "judge", "reward")
+KEYS = ("name", "weight", "check", "gate", "threshold", "negate", "pattern", "text", "ignore_case", "question", "reward")
 
 RUBRIC_JUDGE = (
     "[Instruction]\nPlease act as an impartial judge. Decide whether the response below to the user question satisfies this "
@@ -71,6 +72,7 @@ class Criterion:
     text: list[str] | None = None
     ignore_case: bool = False
     question: str | None = None
+    reward: Reward | None = None
 
     @property
     def deterministic(self) -> bool:
@@ -111,8 +113,18 @@ def criterion(spec: Any, i: int) -> Criterion:
     question = spec.get("question")
     if check == "judge" and (not isinstance(question, str) or not question.strip()):
         raise ValueError(f"{where}.question: a judge check needs the criterion as a question or statement, got {question!r}")
+    reward = None
+    if check == "reward":
+        if spec.get("reward") is None:
+            raise ValueError(f"{where}.reward: a reward check needs a reward block, for example reward: arithmetic")
+        from assay.rewards.spec import build_reward
+
+        try:
+            reward = build_reward(spec["reward"])
+        except AssayError as e:
+            raise ValueError(f"{where}.reward: {e}") from None
     return Criterion(name, check, float(weight), bool(spec.get("gate", False)), float(threshold), bool(spec.get("negate", False)),
-                     pattern, text, bool(spec.get("ignore_case", False)), question)
+                     pattern, text, bool(spec.get("ignore_case", False)), question, reward)
 
 
 @REWARDS.register("rubric")
@@ -160,7 +172,8 @@ class Rubric(Reward):
         return {**self.__dict__, "_checks": dict.fromkeys(self._checks)}  # loaded functions are imported again
 
     def hparams(self) -> dict[str, Any]:
-        return {"criteria": [vars(c) for c in self.criteria], "judge": self.judge, "normalize": self.normalize}
+        criteria = [{k: (type(v).__name__ if isinstance(v, Reward) else v) for k, v in vars(c).items() if v is not None} for c in self.criteria]
+        return {"criteria": criteria, "judge": self.judge, "normalize": self.normalize}
 
     # ---------------------------------------------------------------- scoring
 
@@ -213,6 +226,14 @@ class Rubric(Reward):
         elif c.check == "contains":
             hay = text.lower() if c.ignore_case else text
             s = float(all((x.lower() if c.ignore_case else x) in hay for x in c.text or []))
+        elif c.check == "reward":  # a verifier of assay's own, scored here, in this process
+            r = score_safely(c.reward, t)
+            if r.error is not None or r.score is None:
+                reason = r.info.get("reason") or ("raised" if r.error is not None else "criterion_none")
+                return RewardResult(None, info={"reason": reason, "criterion": c.name}, error=f"criterion {c.name}: {r.error or 'unscored'}")
+            if not 0.0 <= r.score <= 1.0:
+                return RewardResult.failed(f"criterion {c.name}: the reward gave {r.score!r}, not a score in [0, 1]", score=None, reason="raised")
+            s = float(r.score)
         else:
             try:
                 value = self._function(c)(t)
