@@ -118,6 +118,8 @@ def test_serve_model_routes(model_server):
     a = model_server.post("/v1/completions", {"prompt": "12+34=", "temperature": 1.0, "n": 3, "seed": 5})[1]
     b = model_server.post("/v1/completions", {"prompt": "12+34=", "temperature": 1.0, "n": 3, "seed": 5})[1]
     assert [c["text"] for c in a["choices"]] == [c["text"] for c in b["choices"]]  # a seed repeats the sample
+    status, body = model_server.post("/v1/completions", {"prompt": [21, 22, 15, 23, 24, 33], "temperature": 0})  # "12+34=" as token ids
+    assert body["choices"][0]["text"] == "46" and body["usage"]["prompt_tokens"] == 6
     status, body = model_server.post("/v1/completions", {"prompt": "12+34=", "temperature": 0, "stop": ["6"]})
     assert body["choices"][0]["text"] == "4" and body["choices"][0]["finish_reason"] == "stop"
     status, body = model_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "3+4="}], "temperature": 0})
@@ -181,6 +183,9 @@ def test_groupwise_ranks_each_group_in_one_request():
         assert [r.score for r in out[:3]] == [0.0, 1.0, 0.5]  # 2 best, 3 second, 1 last
         assert [r.info["reason"] for r in out[3:]] == ["unparsable", "unparsable"]  # [[2, 3, 1]] is no ranking of two
         assert server.get("/stats")["requests"] == 2
+        chained = build_reward({"name": "judge", "args": {"url": server.url, "mode": "groupwise"}, "transforms": [{"name": "scale", "args": {"factor": 2}}]})
+        out = chained([traj("a", 0), traj("b", 0), traj("c", 0), traj("x", 1)])  # a chain keeps the batch whole for the judge
+        assert [r.score for r in out] == [0.0, 2.0, 1.0, None] and server.get("/stats")["requests"] == 3  # one request for the group
     finally:
         server.stop()
 

@@ -170,9 +170,6 @@ class Judge(Reward):
                                    stop=stop, timeout=timeout, retries=retries, backoff=backoff, concurrency=concurrency, cache=cache,
                                    cache_dir=cache_dir, api_key_env=api_key_env)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)  # the client pickles without its threads
-
     def hparams(self) -> dict[str, Any]:
         client = {k: v for k, v in vars(self._client).items() if not k.startswith("_")}
         return {**{k: v for k, v in vars(self).items() if not k.startswith("_") and k != "template"}, **client}
