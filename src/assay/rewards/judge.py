@@ -150,9 +150,11 @@ class Judge(Reward):
         if not low < high:
             raise ValueError(f"need low < high, got low={low}, high={high}")
         template = TEMPLATES[mode] if template is None else template
+        if not isinstance(template, str):
+            raise ValueError(f"template must be text, got {template!r}")
         missing = [f"{{{k}}}" for k in REQUIRED[mode] if f"{{{k}}}" not in template]
-        if not isinstance(template, str) or missing:
-            raise ValueError(f"a {mode} template must contain {', '.join(missing) or 'text'}")
+        if missing:
+            raise ValueError(f"a {mode} template must contain {', '.join(missing)}")
         labels = list(labels) if labels is not None else ["A", "B", "C"]
         if len(labels) != 3 or len(set(labels)) != 3 or not all(isinstance(x, str) and x for x in labels):
             raise ValueError(f"labels must be three distinct strings (first better, second better, tie), got {labels!r}")

@@ -138,9 +138,11 @@ class JudgeClient:
         """One reply per prompt, equal prompts asked once; prompts unanswered after `deadline` seconds get reason `timeout`."""
         if not prompts:
             return []
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="assay-judge")
-        futures = {p: self._pool.submit(self.ask, p) for p in dict.fromkeys(prompts)}
+        with self._memory_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="assay-judge")
+            pool = self._pool
+        futures = {p: pool.submit(self.ask, p) for p in dict.fromkeys(prompts)}
         done, _ = concurrent.futures.wait(futures.values(), timeout=deadline)
         out = {}
         for p, f in futures.items():
