@@ -186,6 +186,12 @@ def test_groupwise_ranks_each_group_in_one_request():
         chained = build_reward({"name": "judge", "args": {"url": server.url, "mode": "groupwise"}, "transforms": [{"name": "scale", "args": {"factor": 2}}]})
         out = chained([traj("a", 0), traj("b", 0), traj("c", 0), traj("x", 1)])  # a chain keeps the batch whole for the judge
         assert [r.score for r in out] == [0.0, 2.0, 1.0, None] and server.get("/stats")["requests"] == 3  # one request for the group
+        mixed = build_reward({"name": "weighted", "args": {"components": {"rank": {"name": "judge", "args": {"url": server.url, "mode": "groupwise"}},
+                                                                          "short": {"name": "regex", "args": {"pattern": "^.$"}}},
+                                                           "weights": {"short": 0.5}}})
+        assert mixed.kind == "batch"  # a composition over a batch reward hands it the batch whole
+        out = mixed([traj("a", 0), traj("bb", 0), traj("c", 0)])
+        assert [r.score for r in out] == [0.5, 1.0, 1.0] and out[1].components == {"rank": 1.0, "short": 0.0}
     finally:
         server.stop()
 
