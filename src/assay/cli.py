@@ -132,7 +132,7 @@ def _serve_parser(sub) -> None:
     m.add_argument("path", help="a bundled model name (tiny-arith) or a Hugging Face causal LM folder")
     m.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     m.add_argument("--port", type=int, default=8000, help="port (0: any free one, printed at start; default 8000)")
-    m.add_argument("--name", default=None, help="the model id clients send (default: the folder's or bundled name)")
+    m.add_argument("--name", default=None, help="the model id clients send (default: PATH as given)")
     m.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per completion; larger max_tokens are cut to it (default 256)")
     m.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template that replaces the tokenizer's")
     m.add_argument("--device", default="cpu")

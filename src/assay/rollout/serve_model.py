@@ -31,7 +31,6 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Callable
 
 from assay.errors import AssayError
@@ -80,7 +79,7 @@ class ModelService:
 
     Args:
         path: a bundled model name or a Hugging Face causal LM folder.
-        name: the model id clients send and `/v1/models` lists (default: the folder's name).
+        name: the model id clients send and `/v1/models` lists (default: `path` as given, as vLLM does).
         max_new_tokens: the most tokens one completion may have (a larger `max_tokens` is cut to it).
         device: where the model runs. chat_template: a Jinja file or text replacing the tokenizer's.
     """
@@ -90,10 +89,10 @@ class ModelService:
 
         if max_new_tokens < 1:
             raise AssayError(f"serve model: --max-new-tokens must be >= 1, got {max_new_tokens}")
-        folder = resolve_model_path(path)
+        resolve_model_path(path)  # a missing folder is one clear line before anything loads
         self.model, self.tokenizer = load_policy(path, device=device, chat_template=chat_template)
         self.model.eval()
-        self.name = name or (path if "/" not in path and folder.parent.name == path else Path(folder).name)
+        self.name = name or path  # as vLLM names a model: the path as given
         self.max_new_tokens, self.device = max_new_tokens, device
         self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.requests = 0
