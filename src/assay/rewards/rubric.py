@@ -25,9 +25,12 @@ own, such as a verifier: `reward: arithmetic`, scored in [0, 1]), `judge` (`ques
 rubric's `judge`, which answers [[1]] or [[0]] by default, or a rating on its `low`..`high`
 scale), or a `module:function` taking the trajectory and returning a bool or a number in
 [0, 1] (None: cannot check). `negate: true` turns a check into its complement (1 − s).
-Deterministic gates are checked first: a failed one gives 0 without asking the judge. A
-judge criterion the judge cannot score (timeout, HTTP error, an unparsable reply) leaves the
-whole sample unscored with that reason, never 0; so does a check function returning None.
+Deterministic gates are checked first: a failed one gives 0 without asking the judge. A rubric
+with judge criteria is a `batch` reward (the executor hands it whole batches, and the judge
+requests of a batch go out together); one without runs like any rule reward, in worker
+processes with a deadline per item. A judge criterion the judge cannot score (timeout, HTTP
+error, an unparsable reply) leaves the whole sample unscored with that reason, never 0; so
+does a check function returning None.
 
     >>> from assay.types import Sample, Trajectory
     >>> r = Rubric([{"name": "four", "check": "contains", "text": "4", "weight": 3}, {"name": "short", "check": "regex", "pattern": "^.{0,3}$"}])
@@ -138,7 +141,6 @@ class Rubric(Reward):
         normalize: divide the weighted sum by the sum of the weights.
     """
 
-    kind = "batch"
     example_args = {"criteria": [{"name": "digit", "check": "regex", "pattern": r"\d", "gate": True},
                                  {"name": "boxed", "check": "contains", "text": "\\boxed", "weight": 2}]}
 
@@ -167,13 +169,17 @@ class Rubric(Reward):
                 raise ValueError(f"judge: {e}") from None
             self._judge.template = template  # a rubric's judge template needs {criterion}, not {completion}
         self.judge = dict(judge or {})
+        # with a judge it sees the batch whole (one round of concurrent requests); without one it runs like any
+        # rule reward, in worker processes with a deadline per item
+        kinds = {"batch" if c.check == "judge" else c.reward.kind if c.reward is not None else "cpu" for c in self.criteria}
+        self.kind = "batch" if "batch" in kinds else "io" if "io" in kinds else "cpu"
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_checks": dict.fromkeys(self._checks)}  # loaded functions are imported again
 
     def hparams(self) -> dict[str, Any]:
         criteria = [{k: (type(v).__name__ if isinstance(v, Reward) else v) for k, v in vars(c).items() if v is not None} for c in self.criteria]
-        return {"criteria": criteria, "judge": self.judge, "normalize": self.normalize}
+        return {"criteria": criteria, "judge": self.judge, "normalize": self.normalize, "kind": self.kind}
 
     # ---------------------------------------------------------------- scoring
 
