@@ -136,9 +136,16 @@ def cmd_serve_rewards(args: argparse.Namespace) -> int:
     return serve(args.reward, host=args.host, port=args.port, workers=args.workers, timeout=args.timeout, max_batch=args.max_batch)
 
 
+def cmd_serve_model(args: argparse.Namespace) -> int:
+    from assay.rollout.serve_model import serve_model
+
+    return serve_model(args.path, host=args.host, port=args.port, name=args.name, max_new_tokens=args.max_new_tokens,
+                       device=args.device, chat_template=args.chat_template)
+
+
 def _serve_parser(sub) -> None:
     """`assay serve rewards`: a reward over HTTP for OpenRLHF, verl and assay clients (docs/serving.md)."""
-    s = sub.add_parser("serve", help="serve a reward over HTTP to other trainers (OpenRLHF, verl; docs/serving.md)")
+    s = sub.add_parser("serve", help="serve a reward over HTTP to other trainers (OpenRLHF, verl), or a model to judges (docs/serving.md)")
     ssub = s.add_subparsers(dest="serve_command", required=True)
     r = ssub.add_parser("rewards", help="POST /get_reward (OpenRLHF), /compute_score (verl), /score (assay); GET /health")
     r.add_argument("--reward", required=True, help="a registered reward name, module:attr, or a YAML reward block")
@@ -148,6 +155,15 @@ def _serve_parser(sub) -> None:
     r.add_argument("--timeout", type=float, default=5.0, help="seconds per item before it is unscored (default 5)")
     r.add_argument("--max-batch", type=int, default=4096, help="most items in one request (default 4096)")
     r.set_defaults(fn=cmd_serve_rewards)
+    m = ssub.add_parser("model", help="a Hugging Face causal LM as an OpenAI-compatible server: /v1/models, /v1/completions, /v1/chat/completions")
+    m.add_argument("path", help="a bundled model name (tiny-arith) or a Hugging Face causal LM folder")
+    m.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    m.add_argument("--port", type=int, default=8000, help="port (0: any free one, printed at start; default 8000)")
+    m.add_argument("--name", default=None, help="the model id clients send (default: PATH as given)")
+    m.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per completion; larger max_tokens are cut to it (default 256)")
+    m.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template that replaces the tokenizer's")
+    m.add_argument("--device", default="cpu")
+    m.set_defaults(fn=cmd_serve_model)
 
 
 def cmd_rm_train(args: argparse.Namespace) -> int:
