@@ -221,6 +221,9 @@ def test_prm_training_moves_weights_and_lowers_the_loss(prm_run):
     assert moved and "score.weight" in after
     meta = json.loads((result.model_dir / "assay_rm.json").read_text())
     assert meta["kind"] == "prm" and meta["split"] == "chars:1"
+    from test_rm import assert_keys_documented
+
+    assert_keys_documented(result.run_dir)  # every key in docs/metrics.md
 
 
 def test_saved_prm_loads_with_the_hf_class_and_scores_steps(prm_run):

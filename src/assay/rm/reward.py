@@ -1,4 +1,5 @@
-"""A trained reward model as a reward: `reward: {name: rm, args: {path: RUN_DIR or MODEL_DIR}}`.
+"""A trained reward model as a reward: `reward: {name: rm, args: {path: RUN_DIR or MODEL_DIR}}`, and a process
+reward model as `{name: prm, args: {path: ..., reduce: min}}` (per-step scores and spans, reduced to one).
 
 The score of a completion is the reward model's scalar on the prompt followed by the
 completion (the text, tokenised by the reward model's own tokenizer, whatever the policy's).
