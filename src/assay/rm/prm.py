@@ -242,12 +242,15 @@ def score_steps(model, tok, prompt: Any, completion: str, split: str = "newline"
         model.train(was_training)
 
 
-def evaluate_processbench(model, tok, meta: dict[str, Any], data: str, batch_size: int = 64, threshold: float = 0.5) -> dict[str, Any]:
-    """`assay rm eval` of a loaded process reward model on ProcessBench rows (or step-labelled rows): keys without a prefix."""
+def evaluate_processbench(path: str, meta: dict[str, Any], data: str, device: str = "cpu", batch_size: int = 64,
+                          threshold: float = 0.5) -> dict[str, Any]:
+    """`assay rm eval` of the process reward model at `path` on ProcessBench rows (or step-labelled rows): keys without a prefix."""
+    from assay.rm.model import load_rm
     from assay.rm.steps import read_processbench
 
     if not 0.0 < threshold < 1.0:
         raise AssayError(f"--threshold {threshold}: a step is wrong when its score is below this; give a number in (0, 1)")
     rows = read_processbench(data, meta.get("step_separator", "\n"))
+    model, tok, _ = load_rm(path, device)
     out = evaluate_prm(model, StepEncoder(tok, int(meta.get("max_length", 256))), rows, prefix="", batch_size=batch_size, threshold=threshold)
     return {"data": data, "rows": len(rows), "erroneous_rows": sum(r.first_error != -1 for r in rows), "threshold": threshold, **out}
