@@ -71,7 +71,6 @@ def main() -> None:
     from assay.rm.pairs import build_pairs, write_pairs
     from assay.rm.prm import StepEncoder, reduce_steps, score_completions
     from assay.rollout.base import SamplingParams, make_sampler
-    from assay.types import Trajectory
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
