@@ -15,7 +15,7 @@ from assay.errors import AssayError
 from assay.report.metrics import read_metrics
 from assay.rewards.spec import build_reward
 from assay.rm.config import load_rm_config
-from assay.rm.label_steps import label_steps
+from assay.rm.label_steps import continued, label_steps
 from assay.rm.model import load_rm
 from assay.rm.prm import REDUCES, first_error_f1, min_form_returns, predict_first_error, reduce_steps, score_steps
 from assay.rm.steps import read_processbench, read_step_rows, split_steps
@@ -183,6 +183,14 @@ def test_label_steps_on_the_bundled_model(mc_rows):
     assert {0.0, 1.0} <= {y for r in mc_rows for y in r["labels"]}  # right and wrong steps both occur
 
 
+def test_continued_prompts():
+    text = continued(Sample("1", "7+8=", "15", {"nums": [7, 8]}), "1")
+    assert text.prompt == "7+8=1" and text.answer == "15" and text.fields == {"nums": [7, 8]}
+    chat = continued(Sample("2", [{"role": "user", "content": "7+8?"}], "15", template_args={"enable_thinking": False}), "<think>\nadd")
+    assert chat.prompt[-1] == {"role": "assistant", "content": "<think>\nadd"} and len(chat.prompt) == 2
+    assert chat.template_args == {"enable_thinking": False}  # the sampler's chat template continues the final assistant message
+
+
 def test_label_steps_hard_and_seeded():
     a = label_steps("tiny-arith", problems=4, samples=2, rollouts=3, steps="chars:1", label="hard", seed=1)
     b = label_steps("tiny-arith", problems=4, samples=2, rollouts=3, steps="chars:1", label="hard", seed=1)
@@ -224,6 +232,24 @@ def test_prm_training_moves_weights_and_lowers_the_loss(prm_run):
     from test_rm import assert_keys_documented
 
     assert_keys_documented(result.run_dir)  # every key in docs/metrics.md
+
+
+def test_prm_resume_is_exact(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    data = write_jsonl(tmp_path / "even.jsonl", EVEN)
+    base = ["kind=prm", f"model={tiny_model_dir}", f"data.path={data}", f"output_dir={tmp_path}", "train.batch_size=8", "train.threads=1",
+            "optim.lr=3e-3", "train.save_every=3", "train.eval_every=3"]
+    whole = train_rm(load_rm_config(None, [*base, "run_name=whole", "train.steps=6"]))
+    train_rm(load_rm_config(None, [*base, "run_name=part", "train.steps=3"]))
+    resumed = train_rm(resume=tmp_path / "part", overrides=["train.steps=6"])
+    a, b = load_file(whole.model_dir / "model.safetensors"), load_file(resumed.model_dir / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    def timeless(run_dir):
+        return [{k: v for k, v in r.items() if "seconds" not in k} for r in read_metrics(run_dir / "metrics.jsonl")]
+
+    assert len(timeless(whole.run_dir)) == 7 and timeless(whole.run_dir) == timeless(resumed.run_dir)  # step 0 and 6 steps, the same numbers
 
 
 def test_saved_prm_loads_with_the_hf_class_and_scores_steps(prm_run):

@@ -173,7 +173,8 @@ def cmd_rm_label_steps(args: argparse.Namespace) -> int:
 
     rows = label_steps(args.model, args.task, _yaml_arg(args.task_args, "--task-args"), split=args.split, problems=args.problems,
                        samples=args.samples, rollouts=args.rollouts, steps=args.steps, label=args.label, max_new_tokens=args.max_new_tokens,
-                       temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, progress=not args.no_progress)
+                       temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, server_url=args.server_url,
+                       progress=not args.no_progress)
     write_rows(args.out, rows)
     print(f"{len(rows)} solutions, {sum(len(r['steps']) for r in rows)} labelled steps -> {args.out}", file=sys.stderr)
     return 0
@@ -196,6 +197,7 @@ def _label_steps_parser(rsub) -> None:
     s.add_argument("--max-new-tokens", type=int, default=8, help="length limit of solutions and rollouts (default 8)")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--backend", default="torch", help="generation backend (rollout.backend: torch, vllm, openai)")
+    s.add_argument("--server-url", default=None, help="with --backend openai: the OpenAI-compatible server")
     s.add_argument("--device", default="cpu")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--no-progress", action="store_true", help="no live progress bar")

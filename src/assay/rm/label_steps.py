@@ -43,13 +43,14 @@ def continued(sample: Sample, prefix: str) -> Sample:
 def label_steps(model: str = "tiny-arith", task: str = "arithmetic", task_args: dict[str, Any] | None = None, split: str = "train",
                 problems: int = 200, samples: int = 2, rollouts: int = 8, steps: str = "newline", label: str = "soft",
                 max_new_tokens: int = 8, temperature: float = 1.0, backend: str = "torch", device: str = "cpu", seed: int = 0,
-                batch: int = 64, progress: bool = False) -> list[dict[str, Any]]:
+                batch: int = 64, server_url: str | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """Step-labelled rows for `problems` problems of `task`'s `split`, `samples` solutions each, `rollouts` rollouts per step.
 
     Args:
         steps: how solutions are cut (`split_steps`: newline, chars:N, a marker, module:function).
         label: `soft` (the share of right rollouts) or `hard` (1.0 when any rollout is right).
         batch: problems whose rollouts go to the sampler in one `generate` call.
+        backend, server_url: the generation backend (`rollout.backend`: torch, vllm, openai) and, for `openai`, the server.
     Returns:
         One row per sampled solution with at least one step (see the module doc).
     """
@@ -79,7 +80,7 @@ def label_steps(model: str = "tiny-arith", task: str = "arithmetic", task_args: 
     if backend != "torch":
         from assay.config import RolloutConfig
 
-        rollout_cfg = RolloutConfig(backend=backend)
+        rollout_cfg = RolloutConfig(backend=backend, server_url=server_url)
     sampler = make_sampler(backend, policy, tok, rollout_cfg, device)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     gen = torch.Generator().manual_seed(seed)
