@@ -323,3 +323,22 @@ def test_label_steps_cli_then_train_prm(tmp_path, tiny_model_dir):
                                 "train.steps=3", "train.batch_size=4", "train.threads=1", "data.eval_fraction=0"])
     result = train_rm(cfg)
     assert math.isfinite(result.final["rm/loss"]) and (result.run_dir / "final" / "config.json").is_file()
+
+
+def test_prm_reward_in_assay_train(prm_run, tmp_path, tiny_model_dir):
+    result, _ = prm_run
+    p = assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=rl", "train.steps=2", "train.eval_n=4",
+              "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "train.threads=1",
+              f"reward={{name: prm, args: {{path: {result.run_dir}, reduce: min}}}}", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r or "reward/count" in r]
+    assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 for r in rl)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import assay.rm.prm
+    import assay.rm.steps
+
+    assert doctest.testmod(assay.rm.steps).failed == 0 and doctest.testmod(assay.rm.prm).failed == 0

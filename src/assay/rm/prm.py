@@ -54,6 +54,9 @@ def min_form_returns(scores: list[float]) -> list[float]:
 def reduce_steps(scores: list[float], how: str = "min") -> float:
     """One score for a solution from its step scores `[S]`: `min` (= V_1 of `min_form_returns`), `mean`, `last` or `prod`.
 
+    `min` is the min-form credit of "Stop Summation: Min-Form Credit Assignment Is All Process Reward Model Needs for
+    Reasoning" (arXiv 2504.15275); `prod` the solution score of "Let's Verify Step by Step" (arXiv 2305.20050).
+
     >>> [reduce_steps([0.9, 0.5, 0.8], h) for h in REDUCES]
     [0.5, 0.7333333333333334, 0.8, 0.36000000000000004]
     """
@@ -115,7 +118,8 @@ def step_logits(model, ids: torch.Tensor, mask: torch.Tensor, ends: list[list[in
 def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean binary cross-entropy of step logits `[S]` against step labels in [0, 1] `[S]`, with its `rm/*` metrics.
 
-    `rm/accuracy` is the share of steps where σ(logit) > 0.5 agrees with label ≥ 0.5.
+    `rm/accuracy` is the share of steps where σ(logit) > 0.5 agrees with label ≥ 0.5. The objective of "Let's Verify
+    Step by Step" (arXiv 2305.20050) with the soft labels of "Math-Shepherd" (arXiv 2312.08935).
     """
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
     with torch.no_grad():
@@ -231,8 +235,8 @@ def score_completions(model, encoder: StepEncoder, items: list[tuple[Any, str]],
 def score_steps(model, tok, prompt: Any, completion: str, split: str = "newline", max_length: int = 256) -> list[tuple[float, tuple[int, int]]]:
     """`[(score, (start, end))]`: the process reward model's σ(logit) at the end of each step of `completion`.
 
-    >>> # model, tok = load_rm("runs/prm"); score_steps(model, tok, "7+8=", "15", "chars:1")
-    >>> # [(0.91, (0, 1)), (0.88, (1, 2))]
+    For example `score_steps(*load_rm("runs/prm")[:2], "7+8=", "15", "chars:1")` gives `[(p1, (0, 1)), (p2, (1, 2))]`.
+    The per-step reading of "Let's Verify Step by Step" (arXiv 2305.20050).
     """
     was_training = model.training
     model.eval()
