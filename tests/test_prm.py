@@ -325,11 +325,12 @@ def test_label_steps_cli_then_train_prm(tmp_path, tiny_model_dir):
     assert math.isfinite(result.final["rm/loss"]) and (result.run_dir / "final" / "config.json").is_file()
 
 
-def test_prm_reward_in_assay_train(prm_run, tmp_path, tiny_model_dir):
+def test_prm_reward_in_assay_train_with_pure_credit(prm_run, tmp_path, tiny_model_dir):
+    """The reward's per-step scores and spans feed the `pure` estimator (min-form credit per step) in a real RL run."""
     result, _ = prm_run
     p = assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=rl", "train.steps=2", "train.eval_n=4",
               "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4", "train.threads=1",
-              f"reward={{name: prm, args: {{path: {result.run_dir}, reduce: min}}}}", "--no-progress")
+              "algo.advantage=pure", f"reward={{name: prm, args: {{path: {result.run_dir}, reduce: min, split: 'chars:1'}}}}", "--no-progress")
     assert p.returncode == 0, p.stderr
     rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r or "reward/count" in r]
     assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 for r in rl)
