@@ -56,7 +56,7 @@ class RMTrainConfig(Section):
     steps: int = Field(1000, ge=1)
     """Optimizer steps; each reads `batch_size` pairs (epochs wrap around, each in its own seeded order)."""
     batch_size: int = Field(64, ge=1)
-    """Pairs per step (2 × this many sequences per forward)."""
+    """Pairs per step (2 × this many sequences per forward); for `kind=prm`, step-labelled rows per step."""
     eval_every: int = Field(100, ge=0)
     """Held-out pairwise accuracy every this many steps and at the end (0: only at the end)."""
     save_every: int = Field(200, ge=0)

@@ -73,6 +73,8 @@ def load_steps(cfg: RMConfig) -> tuple[list, list]:
         heldout = read_step_rows(cfg.data.eval_path, cfg.data.step_separator)
         keys = {repr(r.prompt) for r in heldout}
         train = [r for r in rows if repr(r.prompt) not in keys]
+        if len(train) < len(rows):
+            log.warning(f"{cfg.data.path}: {len(rows) - len(train)} rows share a prompt with data.eval_path and are left out of training")
     else:
         train, heldout = split_by_prompt(rows, cfg.data.eval_fraction, cfg.seed)  # type: ignore[arg-type]
     if not train:
