@@ -257,6 +257,31 @@ def test_sigterm_saves_the_finished_step_and_resume_continues(tmp_path, tiny_mod
     assert [r["step"] for r in read_metrics(metrics)] == list(range(step + 3)) and resumed.final["rm/loss"] > 0
 
 
+# ---------------------------------------------------------------- pairs from the bundled task
+
+
+def test_longer_pairs_are_longer_yet_plausible_sums():
+    from collections import Counter
+
+    from assay.rm.pairs import DEFAULT_MIX, answer_range, build_pairs
+    from assay.data.tasks import make_task
+
+    lo, hi = answer_range(make_task("arithmetic"), "train", 0)
+    assert lo <= 5 and 190 <= hi <= 198  # a+b with a, b in 0..99, over 2000 drawn problems
+    rows = build_pairs(n=400, seed=1)
+    longer = [r for r in rows if r["subset"] == "longer"]
+    for r in longer:  # more digits than the answer, yet a sum two numbers up to 99 can have: size gives nothing away
+        assert len(r["rejected"]) > len(r["chosen"]) and 0 <= int(r["rejected"]) <= 198 and int(r["chosen"]) <= 99, r
+    # a 3-digit answer has no plausible longer wrong answer: the drawn kind waits, so the mix holds (0.25 of 400, ± 3 sd)
+    assert abs(len(longer) - 100) <= 3 * (400 * 0.25 * 0.75) ** 0.5
+    assert set(Counter(r["subset"] for r in rows)) == set(DEFAULT_MIX)
+    import doctest
+
+    import assay.rm.pairs
+
+    assert doctest.testmod(assay.rm.pairs).failed == 0
+
+
 # ---------------------------------------------------------------- the CLI, end to end
 
 
@@ -274,7 +299,7 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     assert {r["subset"] for r in rows} == {"near_miss", "carry", "random", "longer", "shorter"}
     for r in rows:
         assert int(r["chosen"]) == eval(r["prompt"][:-1]) != int(r["rejected"])  # the prompts are a+b=
-        assert r["subset"] != "longer" or len(r["rejected"]) > len(r["chosen"])
+        assert r["subset"] != "longer" or len(r["rejected"]) > len(r["chosen"]) and 0 <= int(r["rejected"]) <= 198  # a plausible sum
         assert not in_heldout(r["prompt"], 0.2)
     assert all(in_heldout(r["prompt"], 0.2) for r in held)
 

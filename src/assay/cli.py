@@ -62,6 +62,11 @@ def _yaml_arg(text: str | None, name: str) -> Any:
 def cmd_eval(args: argparse.Namespace) -> int:
     from assay.eval.run import evaluate_model
 
+    if args.best_of is not None:
+        return cmd_eval_best_of(args)
+    if args.verifier is not None:
+        raise AssayError("--verifier goes with --best-of (without it, --reward is the verifier)")
+
     out = evaluate_model(args.model, task=args.task, task_args=_yaml_arg(args.task_args, "--task-args"), data=args.data,
                          fields=_yaml_arg(args.fields, "--fields"), format=args.format, chat=args.chat, system_prompt=args.system_prompt,
                          chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
@@ -73,6 +78,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         for key, v in out.items():
             print(f"{key:>12}: {v:.4f}" if isinstance(v, float) else f"{key:>12}: {v}")
+    return 0
+
+
+def cmd_eval_best_of(args: argparse.Namespace) -> int:
+    from assay.eval import bestof
+    from assay.eval.run import evaluate_best_of
+
+    out = evaluate_best_of(args.model, select=args.reward, best_of=args.best_of, verifier=args.verifier, task=args.task,
+                           task_args=_yaml_arg(args.task_args, "--task-args"), data=args.data, fields=_yaml_arg(args.fields, "--fields"),
+                           format=args.format, chat=args.chat, system_prompt=args.system_prompt,
+                           chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
+                           chat_template=args.chat_template, run=args.run, n=args.n, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, workers=args.workers,
+                           server_url=args.server_url)
+    json_path, png_path = bestof.write(out, args.out)
+    if args.json:
+        print(json.dumps({k: v for k, v in out.items() if k != "per_problem"}))
+    else:
+        print(f"best-of-n by {out['selector']}, verified by {out['verifier']}, on {out['problems']} problems:")
+        print(bestof.table(out["curve"]))
+    sys.stdout.flush()
+    print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     return 0
 
 
@@ -277,6 +304,10 @@ def _eval_parser(sub) -> None:
     e.add_argument("--device", default="cpu")
     e.add_argument("--workers", type=int, default=2, help="reward worker processes (0: score in this process)")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--best-of", type=int, default=None, metavar="N", help="sample N completions per problem, pick the one --reward scores "
+                   "highest, and report its verified accuracy against n = 1, 2, 4, ..., N with pass@n and maj@n (docs/reward-models.md)")
+    e.add_argument("--verifier", default=None, help="with --best-of: the reward that checks the picked answer (default: the task's, format's or run's)")
+    e.add_argument("--out", default="bestof", metavar="DIR", help="with --best-of: folder for bestof.json and bestof.png (default ./bestof)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_eval)
 

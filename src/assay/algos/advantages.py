@@ -19,7 +19,7 @@ Every estimator has the same signature, so the trainer never special-cases a nam
 Estimators are called under `torch.no_grad()` semantics: extras such as `logprobs` or
 `values` must be detached by the caller. Token-level and step-level estimators (GAE,
 EVPO, PURE, process GRPO, FRPO) live in `assay.algos.credit`, the turn-level ones of multi-turn
-episodes (`turn_grpo`, `turn_progress`) in `assay.algos.turns`.
+episodes (`turn_grpo`, `turn_progress`, `turn_gae`, `segment_locked`) in `assay.algos.turns`.
 """
 
 from __future__ import annotations

@@ -73,12 +73,18 @@ def bind_args(fn: Callable, given: dict[str, Any], reserved: Iterable[str], wher
         try:
             out[key] = TypeAdapter(hint).validate_python(value)
         except ValidationError:
-            raise AssayError(f"{where}: {key}={value!r} is not a valid {_type_name(hint)} for {name}") from None
+            raise AssayError(f"{where}: {key}={value!r} is not {_article(_type_name(hint))} for {name}") from None
     missing = [n for n, p in params.items() if p.default is _NO_DEFAULT and n not in out]
     if missing:
         raise AssayError(f"{where}: {name} needs {', '.join(missing)}")
     return out
 
 
+def _article(kind: str) -> str:
+    return kind if kind.startswith("one of") else f"a valid {kind}"
+
+
 def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

@@ -1,4 +1,4 @@
-"""Turn-level credit for multi-turn episodes: a group baseline per turn index, and progress-delta rewards.
+"""Turn-level credit for multi-turn episodes: per-turn group baselines, progress deltas, GAE over turns, locked segments.
 
 Same signature as every estimator, `(rewards [B], group [B], mask [B, T], **extras) ->
 advantages [B, T]`. The episode's turns arrive as three extras (`assay.train.extras`):
@@ -12,15 +12,20 @@ advantages [B, T]`. The episode's turns arrive as three extras (`assay.train.ext
 - `turn_progress [B, K]`: a measured progress signal after each turn
   (`Step.info["progress"]`), NaN where the environment measured none.
 
-Every token of a model turn gets that turn's advantage (`turn_to_token`); environment
-tokens and padding get 0 (and have loss mask 0 anyway).
+`turn_gae` also reads the critic's `values [B, T]` and names the critic's targets in its
+`value_targets` attribute (`turn_value_targets`). Every token of a model turn gets that
+turn's advantage (`turn_to_token`); environment tokens and padding get 0 (and have loss
+mask 0 anyway).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
-from assay.algos.advantages import ADVANTAGES, declare, group_normalise
+from assay.algos.advantages import ADVANTAGES, declare, group_normalise, masked_whiten
+from assay.errors import AssayError
 
 TURN_EXTRAS = ("turn_rewards", "turn_index")
 
@@ -171,4 +176,185 @@ def turn_progress(
     r, n = outcome_turn_rewards(rewards, turn_rewards)
     r = r + progress_coef * progress_deltas(turn_progress.to(r.dtype), n, start)
     adv = per_turn_normalise(held_returns(r, n), rewards, group, eps)
+    return turn_to_token(adv, turn_index, mask).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- a critic over turns
+
+
+def turn_starts(turn_index: torch.Tensor, mask: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first model token of each turn: `(first [B, K] long, T where the row has no token of turn k; has [B, K] bool)`.
+
+    >>> turn_starts(torch.tensor([[0, 0, -1, 1, 1]]), torch.tensor([[1., 1., 0., 1., 1.]]), 3)
+    (tensor([[0, 3, 5]]), tensor([[ True,  True, False]]))
+    """
+    B, T = turn_index.shape
+    on = mask.bool() & (turn_index >= 0) & (turn_index < K)  # [B, T]
+    bucket = torch.where(on, turn_index, torch.full_like(turn_index, K))  # tokens of no turn go to a spare column
+    pos = torch.arange(T, device=turn_index.device).expand(B, T)
+    first = torch.full((B, K + 1), T, dtype=torch.long, device=turn_index.device).scatter_reduce(1, bucket, pos, "amin")
+    return first[:, :K], first[:, :K] < T
+
+
+def turn_gae_core(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
+    gamma: float, lam: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GAE over an episode's turns: `(advantages [B, K], returns [B, K], first [B, K], target [B, K] bool)`.
+
+    V_ik = values[i, first token of turn k] (the state before turn k), V_i,n_i = 0;
+    δ_ik = r_ik + γ V_i,k+1 − V_ik, A_ik = δ_ik + γλ A_i,k+1, R_ik = A_ik + V_ik, with r_ik
+    from `outcome_turn_rewards`. A turn with no token in the row (it lies in another part of
+    a split episode) has no value here: its λ-return R_ik = r_ik + γ (V_i,k+1 + λ A_i,k+1)
+    stands in for V_ik, and its A_ik is 0. `target` marks the turns whose R_ik the critic
+    fits: present turns of scored rows. Unscored rows get A = 0.
+    """
+    r, n = outcome_turn_rewards(rewards, turn_rewards)  # [B, K], [B]
+    B, K = r.shape
+    first, has = turn_starts(turn_index, mask, K)
+    T = values.shape[1]
+    v = values.double().gather(1, first.clamp(max=T - 1)) if T else torch.zeros(B, K, dtype=torch.float64)  # [B, K]
+    r = r.double()
+    adv = torch.zeros(B, K, dtype=torch.float64, device=r.device)
+    ret = torch.zeros_like(adv)
+    next_v = torch.zeros(B, dtype=torch.float64, device=r.device)
+    next_a = torch.zeros_like(next_v)
+    for k in reversed(range(K)):
+        alive = k < n  # [B]
+        here = alive & has[:, k]
+        a = r[:, k] + gamma * next_v - v[:, k] + gamma * lam * next_a
+        stand_in = r[:, k] + gamma * (next_v + lam * next_a)  # the λ-return, for a turn with no value here
+        adv[:, k] = torch.where(here, a, 0.0)
+        ret[:, k] = torch.where(here, a + v[:, k], torch.where(alive, stand_in, 0.0))
+        next_v = torch.where(here, v[:, k], torch.where(alive, stand_in, 0.0))
+        next_a = torch.where(here, a, 0.0)
+    scored = ~torch.isnan(rewards)[:, None]  # [B, 1]
+    target = has & scored & (torch.arange(K, device=r.device)[None, :] < n[:, None])
+    return torch.where(scored, adv, 0.0), ret, first, target
+
+
+def turn_value_targets(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
+    gamma: float = 1.0, lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's targets under `turn_gae`: each turn's λ-return R_ik on the first token of turn k, nowhere else.
+
+    Returns:
+        `(returns [B, T], on [B, T] bool)`: the critic fits V_t to returns_t where `on`, which
+        is exactly the values `turn_gae` reads.
+    """
+    _, ret, first, target = turn_gae_core(rewards, values, mask, turn_rewards, turn_index, gamma, lam)
+    B, T = mask.shape
+    col = torch.where(target, first, torch.full_like(first, T))  # off-target turns to a spare column
+    returns = torch.zeros(B, T + 1, dtype=values.dtype, device=values.device).scatter(1, col, ret.to(values.dtype))[:, :T]
+    on = torch.zeros(B, T + 1, dtype=torch.bool, device=values.device).scatter(1, col, target)[:, :T]
+    return returns, on
+
+
+@ADVANTAGES.register("turn_gae")
+@declare(needs=(*TURN_EXTRAS, "values"), mixes_groups=True)
+def turn_gae(
+    rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
+    values: torch.Tensor, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True, **_,
+) -> torch.Tensor:
+    """Turn-level GAE: the critic valued at each turn's start, GAE(γ, λ) over turns, one advantage per turn.
+
+    V_ik = V at the first model token of turn k (the state before turn k: the prompt, the
+    earlier turns and the environment's answers), V_i,n_i = 0; with per-turn rewards r_ik
+    (`outcome_turn_rewards`: the environment's, the scored reward R_i taking the rest at the
+    last turn), δ_ik = r_ik + γ V_i,k+1 − V_ik and A_ik = Σ_l (γλ)^l δ_i,k+l; every token of
+    turn k gets A_ik, environment tokens 0; then whitened over the batch's scored model tokens
+    as `gae` (`whiten=False` keeps groups apart). With γ = λ = 1, A_ik = Σ_{j≥k} r_ij − V_ik;
+    a single-turn episode gets R_i − V(prompt) on every token. The critic fits R_ik = A_ik + V_ik
+    on the first token of each turn only (`turn_value_targets`, the estimator's
+    `value_targets`), so it learns the values this estimator reads. The turn as the unit of a
+    learned critic's TD backup is the high level of Zhou et al., "ArCHer: Training Language
+    Model Agents via Hierarchical Multi-Turn RL" (2024), arXiv:2402.19446, there an off-policy
+    Q-critic with a token-level actor; here on-policy V with GAE (Schulman et al., "High-Dimensional
+    Continuous Control Using Generalized Advantage Estimation", arXiv:1506.02438) across turn
+    boundaries, skipping observation tokens, as TB-GAE (Turn-Boundary Skip-Observation GAE)
+    of Terminal-RSI (the survey entry we read gives no arXiv id), which keeps token-level
+    baselines where this keeps one per turn.
+
+    Args:
+        turn_rewards: `[B, K]` the environment's per-turn rewards, NaN after the last turn.
+        turn_index: `[B, T]` the turn of each token, −1 on environment tokens.
+        values: `[B, T]` the critic's V_t of the state before token t.
+        gamma, lam: discount and GAE λ across turns.
+        whiten: whiten over the batch's scored model tokens.
+
+    One episode, turn rewards (0, 1), V = 0.25 before turn 0 and 0.5 before turn 1, γ = λ = 1:
+
+    >>> turn_gae(torch.tensor([1.]), torch.tensor([0]), torch.tensor([[1., 0., 1.]]), torch.tensor([[0., 1.]]),
+    ...          torch.tensor([[0, -1, 1]]), torch.tensor([[0.25, 0., 0.5]]), whiten=False)
+    tensor([[0.7500, 0.0000, 0.5000]])
+    """
+    adv, _, _, _ = turn_gae_core(rewards, values, mask, turn_rewards, turn_index, gamma, lam)
+    out = turn_to_token(adv.to(rewards.dtype), turn_index, mask)  # [B, T]
+    on = mask.bool() & (turn_index >= 0) & ~torch.isnan(rewards)[:, None]
+    return (masked_whiten(out, on) if whiten else out).to(rewards.dtype)
+
+
+turn_gae.value_targets = turn_value_targets  # what the `values` extra trains the critic on
+
+
+# ---------------------------------------------------------------- segment-locked
+
+
+@ADVANTAGES.register("segment_locked")
+@declare(needs=TURN_EXTRAS)
+def segment_locked(
+    rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
+    segments: Literal["role", "turn"] = "role", eps: float = 1e-6, **_,
+) -> torch.Tensor:
+    """Segment-locked advantages: each segment's own reward, normalised in its group against segments of its kind.
+
+    With per-turn rewards r_ik (`outcome_turn_rewards`, summing to the scored R_i), the
+    turns are the segments and a segment's tokens get an advantage from its own reward only,
+    never from another segment's:
+
+    - `segments="role"` (the paper's two kinds): the action turns (every turn but the last,
+      which the environment answers) and the final turn. A^act_i = norm_g(Σ_{k<n_i−1} r_ik)
+      over the group's episodes with an action turn, A^fin_i = norm_g(r_i,n_i−1); action-turn
+      tokens get A^act_i, final-turn tokens A^fin_i.
+    - `segments="turn"`: each turn index its own kind, A_ik = norm_g(r_ik) over the group's
+      episodes that have a turn k.
+
+    norm_g(x) = (x − mean_g x) / (std_g x + eps), unbiased std, unscored episodes left out.
+    A single-turn episode's one segment is final: this is GRPO on single-turn runs.
+    "SLCA-GRPO: Resolving Cross-Segment Credit Misattribution in Tool-Calling RL" (Segment-Locked
+    Credit Assignment; OpenReview, no arXiv id): execution advantages only to tool-call tokens,
+    preference advantages only to the summary. Deliberate change: the segments are the
+    episode's turns and their rewards the environment's per-turn rewards, not a separately
+    judged execution and preference reward.
+
+    Args:
+        turn_rewards: `[B, K]` the environment's per-turn rewards, NaN after the last turn.
+        turn_index: `[B, T]` the turn of each token, −1 on environment tokens.
+        segments: `role` (action turns vs the final turn) or `turn` (each turn index).
+
+    Two episodes of two turns, rewards (0.5, 1) and (0, 0): the first's action turn and its
+    answer each beat the other's, and each turn gets only its own comparison.
+
+    >>> segment_locked(torch.tensor([1.5, 0.]), torch.tensor([0, 0]), torch.tensor([[1., 0., 1.]] * 2),
+    ...                torch.tensor([[0.5, 1.], [0., 0.]]), torch.tensor([[0, -1, 1]] * 2))
+    tensor([[ 0.7071,  0.0000,  0.7071],
+            [-0.7071,  0.0000, -0.7071]])
+    """
+    r, n = outcome_turn_rewards(rewards, turn_rewards)  # [B, K], [B]
+    K = r.shape[1]
+    k = torch.arange(K, device=r.device)[None, :]  # [1, K]
+    nan = torch.full_like(rewards, float("nan"))
+    scored = ~torch.isnan(rewards)
+    if segments == "turn":
+        own = torch.where(k < n[:, None], r, torch.full_like(r, float("nan")))  # [B, K]
+        adv = per_turn_normalise(own, rewards, group, eps)
+    elif segments == "role":
+        action = torch.where(k < (n - 1)[:, None], r, torch.zeros_like(r)).sum(1)  # [B]
+        final = r.gather(1, (n - 1)[:, None])[:, 0]  # [B]
+        a_act = group_normalise(torch.where(scored & (n > 1), action, nan), group, eps)  # [B]
+        a_fin = group_normalise(torch.where(scored, final, nan), group, eps)
+        adv = torch.where(k < (n - 1)[:, None], a_act[:, None], a_fin[:, None])  # [B, K]; after n, turn_to_token never reads it
+    else:
+        raise AssayError(f"algo.advantage_args: segments={segments!r} is not one of 'role', 'turn' for segment_locked")
     return turn_to_token(adv, turn_index, mask).to(rewards.dtype)

@@ -1,10 +1,12 @@
-"""The learned critic of `gae` and `evpo`: a value model beside the policy, with its own optimizer.
+"""The learned critic of `gae`, `evpo` and `turn_gae`: a value model beside the policy, with its own optimizer.
 
 As in OpenRLHF and verl, the critic is a separate model initialised from the policy's
 backbone weights, with a scalar head in place of the LM head. It reads the same packed
 `Batch` as the policy and gives V_t, the value of the state before completion token t.
-Its target is the GAE return of `assay.algos.compute_gae`, and it is trained on PPO's
-clipped value loss (`assay.algos.value_loss`), aggregated as `token-mean`.
+Its target is the GAE return of `assay.algos.compute_gae` on every response token
+(`gae_targets`), or the estimator's own `value_targets` (`turn_gae`: each turn's return
+on the turn's first token), and it is trained on PPO's clipped value loss
+(`assay.algos.value_loss`), aggregated as `token-mean`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ import torch
 from assay.algos import aggregate, compute_gae, explained_variance, value_loss
 from assay.algos.losses import masked_mean
 from assay.config import CriticConfig
+
+
+def gae_targets(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's targets under `gae` and `evpo`: the token-level GAE returns, on every scored response token.
+
+    Returns:
+        `(returns [B, T], on [B, T] bool)`.
+    """
+    _, returns = compute_gae(rewards, values, mask, gamma, lam)  # [B, T]
+    return returns, mask.bool() & ~torch.isnan(rewards)[:, None]  # unscored rows have no target
 
 
 class ValueModel(torch.nn.Module):
@@ -61,19 +74,27 @@ class Critic:
         return self.model(batch) * batch.mask
 
     def update(self, batch, old_values: torch.Tensor, gamma: float, lam: float, epochs: int, minibatches: int) -> dict[str, float]:
-        """Fit V to the GAE returns of `old_values`; returns the `critic/` metrics.
+        """Fit V to the GAE returns of `old_values` (`gae_targets`); returns the `critic/` metrics.
 
         Args:
             batch: the step's `Batch`; old_values: `[B, T]` from `values(batch)` before any update.
             gamma, lam: the estimator's GAE parameters, so the targets are its returns.
             epochs, minibatches: passes over the batch and optimizer steps per pass.
         """
+        returns, on = gae_targets(batch.rewards.to(batch.mask.device), old_values, batch.mask, gamma, lam)
+        return self.fit(batch, old_values, returns, on, epochs, minibatches)
+
+    def fit(self, batch, old_values: torch.Tensor, returns: torch.Tensor, on: torch.Tensor, epochs: int, minibatches: int) -> dict[str, float]:
+        """Fit V to `returns [B, T]` on the tokens where `on [B, T]` is true; returns the `critic/` metrics.
+
+        `returns` and `on` come from the estimator's value targets (`gae_targets`, or the
+        estimator's own `value_targets`, e.g. `turn_gae`'s on each turn's first token).
+        """
         mask = batch.mask
-        _, returns = compute_gae(batch.rewards.to(mask.device), old_values, mask, gamma, lam)  # [B, T]
-        scored = mask * (~torch.isnan(batch.rewards.to(mask.device)))[:, None]  # unscored rows have no target
+        scored = on.to(mask.dtype)  # tokens with a target
         out = {
             "critic/explained_variance": explained_variance(old_values, returns, scored),
-            "critic/value_mean": masked_mean(old_values, mask).item(),
+            "critic/value_mean": masked_mean(old_values, scored).item(),  # over the tokens it fits
         }
         agg: dict[str, list[float]] = {}
         self.model.train()

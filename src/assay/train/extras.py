@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from assay.algos import compute_gae, hyperparameters
+from assay.algos import hyperparameters
 from assay.errors import AssayError
 from assay.registry import Registry
 from assay.types import RewardResult, Sample, Trajectory
@@ -191,32 +191,40 @@ class StepEnds(Extra):
 
 @EXTRAS.register("values")
 class Values(Extra):
-    """The learned critic (`assay.train.critic`): V before the update, fitted to the estimator's GAE returns after it.
+    """The learned critic (`assay.train.critic`): V before the update, fitted to the estimator's returns after it.
 
-    The discount and λ of those returns are the estimator's own hyperparameters (its
-    signature's defaults, overridden by `algo.advantage_args`), so the critic's targets
-    are the returns its advantages used.
+    The targets are the estimator's `value_targets` (`turn_gae`: each turn's λ-return on the
+    turn's first token), by default `gae_targets` (token-level GAE returns). Their discount
+    and λ are the estimator's own hyperparameters (its signature's defaults, overridden by
+    `algo.advantage_args`), and the extras they read are the estimator's, so the critic's
+    targets are the returns its advantages used.
     """
 
     doc = "[B, T] the critic's values V_t of the state before each completion token"
 
     def __init__(self, trainer):
         from assay.algos import ADVANTAGES
-        from assay.train.critic import Critic
+        from assay.train.critic import Critic, gae_targets
 
         super().__init__(trainer)
         cfg = trainer.cfg
         self.critic = Critic(trainer.model, cfg.critic, cfg.seed)
         fn = ADVANTAGES.get(cfg.algo.advantage)
+        self.targets = getattr(fn, "value_targets", gae_targets)
         args = {**hyperparameters(fn, ("rewards", "group", "mask")), **cfg.algo.advantage_args}
-        self.target = {k: args[k] for k in inspect.signature(compute_gae).parameters if k in args}
+        params = inspect.signature(self.targets).parameters
+        self.target = {k: args[k] for k in params if k in args}
+        self.target_extras = [k for k in params if k in getattr(fn, "needs", ()) and k != "values"]
 
     def __call__(self, step):
         return self.critic.values(step.batch)  # on the batch's device; the estimator gets a CPU copy
 
     def after_update(self, step, value):
-        algo = self.trainer.cfg.algo
-        return self.critic.update(step.batch, value, **self.target, epochs=algo.epochs, minibatches=algo.minibatches)
+        algo, batch = self.trainer.cfg.algo, step.batch
+        kw = {n: self.trainer.extras[n](step) for n in self.target_extras}  # the turn tensors are cached in step.cache
+        returns, on = self.targets(batch.rewards.cpu(), value.cpu(), batch.mask.cpu(), **kw, **self.target)
+        dev = batch.mask.device
+        return self.critic.fit(batch, value, returns.to(dev), on.to(dev), epochs=algo.epochs, minibatches=algo.minibatches)
 
     def tensors(self):
         return self.critic.tensors()
