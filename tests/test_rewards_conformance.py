@@ -52,6 +52,7 @@ def _rm_folder() -> str:
 
 
 EXAMPLES["rm"] = {"path": _rm_folder()}
+EXAMPLES["prm"] = {"path": EXAMPLES["rm"]["path"]}  # the same one-label classifier, read at every step
 
 BATCH = [
     traj(r"The answer is \boxed{4}.", "4", reference="ref", nums=[1, 3], target=4),

@@ -201,7 +201,8 @@ def cmd_rm_pairs(args: argparse.Namespace) -> int:
 def cmd_rm_eval(args: argparse.Namespace) -> int:
     from assay.rm.eval import evaluate_path
 
-    out = evaluate_path(args.path, args.data, fields=_yaml_arg(args.fields, "--fields"), device=args.device, batch_size=args.batch_size)
+    out = evaluate_path(args.path, args.data, fields=_yaml_arg(args.fields, "--fields"), device=args.device, batch_size=args.batch_size,
+                        threshold=args.threshold)
     if args.json:
         print(json.dumps(out))
     else:
@@ -210,11 +211,47 @@ def cmd_rm_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm_label_steps(args: argparse.Namespace) -> int:
+    from assay.rm.label_steps import label_steps, write_rows
+
+    rows = label_steps(args.model, args.task, _yaml_arg(args.task_args, "--task-args"), split=args.split, problems=args.problems,
+                       samples=args.samples, rollouts=args.rollouts, steps=args.steps, label=args.label, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, server_url=args.server_url,
+                       progress=not args.no_progress)
+    write_rows(args.out, rows)
+    print(f"{len(rows)} solutions, {sum(len(r['steps']) for r in rows)} labelled steps -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _label_steps_parser(rsub) -> None:
+    s = rsub.add_parser("label-steps", help="Monte Carlo step labels (Math-Shepherd): roll out from every step of sampled solutions, "
+                        "label each step with its verified success rate")
+    s.add_argument("--out", required=True, metavar="FILE", help="output JSONL (prompt, steps, labels, completion, spans), read by kind=prm")
+    s.add_argument("--model", default="tiny-arith", help="the policy: a bundled name or a Hugging Face folder (default tiny-arith)")
+    s.add_argument("--task", default="arithmetic", help="built-in task whose verifier checks rollouts (default arithmetic)")
+    s.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
+    s.add_argument("--split", choices=["train", "heldout"], default="train", help="the task's split (default train)")
+    s.add_argument("--problems", type=int, default=200, help="problems (default 200)")
+    s.add_argument("--samples", type=int, default=2, help="solutions sampled per problem (default 2)")
+    s.add_argument("--rollouts", type=int, default=8, help="K: rollouts from each step prefix (default 8)")
+    s.add_argument("--steps", default="newline", help="how solutions are cut: newline, chars:N, a marker such as '\n\n', or module:function "
+                   "(the bundled model writes one line of digits: use chars:1)")
+    s.add_argument("--label", choices=["soft", "hard"], default="soft", help="soft: share of right rollouts; hard: 1 if any is right")
+    s.add_argument("--max-new-tokens", type=int, default=8, help="length limit of solutions and rollouts (default 8)")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--backend", default="torch", help="generation backend (rollout.backend: torch, vllm, openai)")
+    s.add_argument("--server-url", default=None, help="with --backend openai: the OpenAI-compatible server")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    s.set_defaults(fn=cmd_rm_label_steps)
+
+
 def _rm_parser(sub) -> None:
     """`assay rm`'s subcommands."""
     rm = sub.add_parser("rm", help="reward models: build preference pairs, train a Bradley-Terry model, measure it (docs/reward-models.md)")
     rsub = rm.add_subparsers(dest="rm_command", required=True)
-    t = rsub.add_parser("train", help="train a Bradley-Terry reward model on preference pairs")
+    t = rsub.add_parser("train", help="train a Bradley-Terry reward model on preference pairs (kind=prm: a process reward model on step labels)")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
                    help="a YAML config file (optional) and dotted overrides, for example data.path=pairs.jsonl train.steps=500 loss.margin=0.5")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint (overrides may change train.steps, "
@@ -230,14 +267,17 @@ def _rm_parser(sub) -> None:
     p.add_argument("--mix", default=None, help="kind weights as YAML, for example '{near_miss: 1, longer: 1}' (kinds: near_miss, carry, random, longer)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_rm_pairs)
-    e = rsub.add_parser("eval", help="pairwise and best-of-N accuracy of a reward model on comparisons (RewardBench 2 rows too)")
+    e = rsub.add_parser("eval", help="pairwise and best-of-N accuracy of a reward model on comparisons (RewardBench 2 rows too); "
+                        "first-error F1 of a process reward model on ProcessBench rows")
     e.add_argument("--path", required=True, metavar="RM", help="the reward model folder, or the run folder whose final/ holds it")
     e.add_argument("--data", required=True, metavar="FILE", help="JSONL/Parquet/datasets folder with prompt, chosen, rejected (strings or lists)")
     e.add_argument("--fields", default=None, help="column mapping, for example '{prompt: question}'")
     e.add_argument("--device", default="cpu")
     e.add_argument("--batch-size", type=int, default=64, help="sequences per forward (default 64)")
+    e.add_argument("--threshold", type=float, default=0.5, help="process reward models: a step scored below this is wrong (default 0.5)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_rm_eval)
+    _label_steps_parser(rsub)
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:

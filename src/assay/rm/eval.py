@@ -75,11 +75,17 @@ def evaluate_rm(model, encoder: Encoder, comparisons: list[Comparison], prefix: 
         model.train(was_training)
 
 
-def evaluate_path(path: str, data: str, fields: dict[str, str] | None = None, device: str = "cpu", batch_size: int = 64) -> dict[str, Any]:
-    """`assay rm eval`: the figures of the reward model at `path` on the comparisons in `data` (keys without a prefix)."""
+def evaluate_path(path: str, data: str, fields: dict[str, str] | None = None, device: str = "cpu", batch_size: int = 64,
+                  threshold: float = 0.5) -> dict[str, Any]:
+    """`assay rm eval`: the figures of the reward model at `path` on the comparisons in `data` (keys without a prefix);
+    for a process reward model, ProcessBench's first-error F1 on its rows (`assay.rm.prm.evaluate_processbench`)."""
     from assay.rm.data import read_comparisons
-    from assay.rm.model import load_rm
+    from assay.rm.model import load_rm, read_meta
 
+    if read_meta(path).get("kind") == "prm":
+        from assay.rm.prm import evaluate_processbench
+
+        return {"model": str(path), **evaluate_processbench(path, read_meta(path), data, device, batch_size, threshold)}
     comparisons = read_comparisons(data, fields)
     model, tok, meta = load_rm(path, device)
     out = evaluate_rm(model, Encoder(tok, int(meta.get("max_length", 256))), comparisons, prefix="", batch_size=batch_size)
