@@ -203,10 +203,18 @@ def cmd_rm_eval(args: argparse.Namespace) -> int:
 
     out = evaluate_path(args.path, args.data, fields=_yaml_arg(args.fields, "--fields"), device=args.device, batch_size=args.batch_size,
                         threshold=args.threshold)
+    if args.plot:
+        if "calibration" not in out:
+            raise AssayError("rm eval: --plot draws the calibration of an outcome reward model's pairs; this evaluation has none")
+        from assay.rm.eval import plot_calibration
+
+        print(f"calibration plot -> {plot_calibration(out, args.plot)}", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
     else:
         for key, v in out.items():
+            if key == "calibration":
+                v = ", ".join(f"{b['confidence']:.2f}:{b['accuracy']:.2f} ({b['pairs']})" for b in v)
             print(f"{key:>28}: {v:.4f}" if isinstance(v, float) else f"{key:>28}: {v}")
     return 0
 
@@ -276,6 +284,7 @@ def _rm_parser(sub) -> None:
     e.add_argument("--batch-size", type=int, default=64, help="sequences per forward (default 64)")
     e.add_argument("--threshold", type=float, default=0.5, help="process reward models: a step scored below this is wrong (default 0.5)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--plot", default=None, metavar="PNG", help="also save a reliability diagram of the pairs' calibration here")
     e.set_defaults(fn=cmd_rm_eval)
     _label_steps_parser(rsub)
 
