@@ -10,19 +10,30 @@ Both reward models start from the bundled `tiny-arith` model and get the same tr
   arXiv 2504.15275);
 * the outcome reward model on `assay rm pairs` preference pairs (Bradley–Terry).
 
-Then N=8 solutions of each held-out problem are sampled with the bundled model (temperature 1),
+Then N=8 solutions of each held-out problem are sampled with the policy (temperature 1),
 verified with the task's verifier, and each reward model picks one of the first N; verified
 accuracy of the pick at N = 1, 2, 4, 8 (for N < 8 averaged over the 8/N disjoint groups of N
 of each problem). Also reported: pass@N (any right, the ceiling), majority vote and the PRM's
 other reduces. Writes a JSON file and a PNG plot.
 
     OMP_NUM_THREADS=1 python benchmarks/prm_vs_orm.py --out benchmarks/results-prm-vs-orm.json --plot docs/img/prm-vs-orm.png
+
+`--task`, `--model`, `--steps` run the same comparison on another task and policy, for example
+the multi-step `arithmetic_steps` task (running sums, one per line) and the bundled `tiny-steps`
+policy with newline steps. `--orm-data rollouts` trains the outcome model on the very solutions
+the step labelling generated (the sampled ones and every rollout's finished solution, each
+verified): per problem, the right ones as chosen and the wrong ones as rejected, so both models
+learn from the same policy samples and the same verifier calls:
+
+    OMP_NUM_THREADS=1 python benchmarks/prm_vs_orm.py --task arithmetic_steps --model tiny-steps --steps newline \
+        --max-new-tokens 14 --orm-data rollouts --out benchmarks/results-prm-vs-orm-steps.json --plot docs/img/prm-vs-orm-steps.png
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -61,50 +72,82 @@ def vote_accuracy(answers: list[list[str]], right: list[list[bool]], n: int) -> 
     return hits / groups
 
 
-def train_both(args: argparse.Namespace, work: Path) -> tuple[list[dict], float, Path, Path]:
-    """Step labels and pairs from the training split, then the two reward models: `(label rows, labelling seconds, PRM, ORM)`."""
+def final_answer(text: str) -> str:
+    """The answer a solution ends with: its last non-blank line (a one-line answer is itself)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def rollout_comparisons(rows: list[dict], cap: int, seed: int) -> list[dict]:
+    """Per problem, `{prompt, chosen: [right solutions], rejected: [wrong ones]}` from label-steps rows written with
+    `keep_rollouts`: the sampled solutions and every rollout's finished one, deduplicated, at most `cap` of each side."""
+    by_prompt: dict[str, tuple[dict[str, None], dict[str, None]]] = {}
+    for r in rows:
+        right, wrong = by_prompt.setdefault(r["prompt"], ({}, {}))
+        for text, ok in [[r["completion"], r["labels"][-1] >= 1.0], *r["finished"]]:
+            (right if ok else wrong).setdefault(text, None)
+    rng = random.Random(f"prm-vs-orm:{seed}")
+    out = []
+    for prompt, (right, wrong) in by_prompt.items():
+        if right and wrong:
+            chosen, rejected = list(right), list(wrong)
+            out.append({"prompt": prompt, "chosen": rng.sample(chosen, min(cap, len(chosen))), "rejected": rng.sample(rejected, min(cap, len(rejected)))})
+    return out
+
+
+def train_both(args: argparse.Namespace, work: Path) -> tuple[list[dict], float, Path, Path, int]:
+    """Step labels and pairs from the training split, then the two reward models:
+    `(label rows, labelling seconds, PRM, ORM, outcome-model training pairs)`."""
     from assay.rm.label_steps import label_steps, write_rows
     from assay.rm.pairs import build_pairs, write_pairs
 
     t0 = time.perf_counter()
     steps_file, pairs_file = work / "steps.jsonl", work / "pairs.jsonl"
-    rows = label_steps("tiny-arith", "arithmetic", split="train", problems=args.label_problems, samples=2, rollouts=args.rollouts,
-                       steps="chars:1", seed=args.seed)
-    write_rows(steps_file, rows)
+    rows = label_steps(args.model, args.task, args.task_args, split="train", problems=args.label_problems, samples=args.samples,
+                       rollouts=args.rollouts, steps=args.steps, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       keep_rollouts=args.orm_data == "rollouts")
+    write_rows(steps_file, [{k: v for k, v in r.items() if k != "finished"} for r in rows])
     label_seconds = time.perf_counter() - t0
-    write_pairs(pairs_file, build_pairs("arithmetic", split="train", n=args.pairs, seed=args.seed))
-    common = ["model=tiny-arith", f"output_dir={work}", "train.steps=100000", f"train.time_limit={args.seconds}", "train.eval_every=0",
+    if args.orm_data == "rollouts":
+        comparisons = rollout_comparisons(rows, args.cap, args.seed)
+        write_pairs(pairs_file, comparisons)
+        n_pairs = sum(len(c["chosen"]) * len(c["rejected"]) for c in comparisons)
+    else:
+        write_pairs(pairs_file, build_pairs(args.task, args.task_args, split="train", n=args.pairs, seed=args.seed))
+        n_pairs = args.pairs
+    common = [f"model={args.model}", f"output_dir={work}", "train.steps=100000", f"train.time_limit={args.seconds}", "train.eval_every=0",
               "train.save_every=0", "train.threads=1", "optim.lr=2e-4", f"seed={args.seed}"]
     prm_dir = train(["kind=prm", f"data.path={steps_file}", "run_name=prm", *common])
     orm_dir = train([f"data.path={pairs_file}", "run_name=orm", *common])
-    return rows, label_seconds, prm_dir, orm_dir
+    return rows, label_seconds, prm_dir, orm_dir, n_pairs
 
 
-def sample_heldout(problems: int, seed: int) -> tuple[list, list[list[bool]]]:
+def sample_heldout(problems: int, seed: int, task_name: str = "arithmetic", task_args: dict | None = None, model: str = "tiny-arith",
+                   max_new_tokens: int = 8) -> tuple[list, list[list[bool]]]:
     """8 solutions of each of `problems` held-out problems (temperature 1) and whether each is verified right."""
     from assay.data.tasks import make_task
     from assay.models import load_policy
     from assay.rewards.base import REWARDS
     from assay.rollout.base import SamplingParams, make_sampler
 
-    task = make_task("arithmetic")
+    task = make_task(task_name, **(task_args or {}))
     verifier = REWARDS.get(task.reward)()
     chosen = [s for _, s in zip(range(problems), task.stream("heldout", seed))]
-    policy, tok = load_policy("tiny-arith")
+    policy, tok = load_policy(model)
     sampler = make_sampler("torch", policy, tok, None, "cpu")
-    trajs = sampler.generate(chosen, max(NS), SamplingParams(max_new_tokens=8, temperature=1.0), torch.Generator().manual_seed(seed))
+    trajs = sampler.generate(chosen, max(NS), SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), torch.Generator().manual_seed(seed))
     sampler.close()
     return trajs, [[r.score == 1.0 for r in verifier(trajs[i * 8 : (i + 1) * 8])] for i in range(len(chosen))]
 
 
-def pick_all(trajs: list, right: list[list[bool]], prm_dir: Path, orm_dir: Path) -> dict[str, dict[int, float]]:
+def pick_all(trajs: list, right: list[list[bool]], prm_dir: Path, orm_dir: Path, steps: str = "chars:1") -> dict[str, dict[int, float]]:
     """Verified accuracy at each N of every way of picking: PRM reduces, outcome RM, majority vote, pass@N."""
     from assay.rm.model import Encoder, load_rm, score_texts
     from assay.rm.prm import REDUCES, StepEncoder, reduce_steps, score_completions
 
     items = [(t.sample.prompt, t.completion) for t in trajs]
     prm, prm_tok, prm_meta = load_rm(prm_dir)
-    per_step = score_completions(prm, StepEncoder(prm_tok, int(prm_meta["max_length"])), items, "chars:1")
+    per_step = score_completions(prm, StepEncoder(prm_tok, int(prm_meta["max_length"])), items, steps)
     orm, orm_tok, orm_meta = load_rm(orm_dir)
     orm_scores = score_texts(orm, Encoder(orm_tok, int(orm_meta["max_length"])), items)
 
@@ -112,7 +155,7 @@ def pick_all(trajs: list, right: list[list[bool]], prm_dir: Path, orm_dir: Path)
         return [flat[i * 8 : (i + 1) * 8] for i in range(len(right))]
 
     prm_by = {h: grouped([reduce_steps([s for s, _ in st], h) if st else -1.0 for st in per_step]) for h in REDUCES}
-    answers = grouped([t.completion.strip() for t in trajs])
+    answers = grouped([final_answer(t.completion) for t in trajs])
     return {
         "prm_min": {n: pick_accuracy(prm_by["min"], right, n) for n in NS},
         "orm": {n: pick_accuracy(grouped(orm_scores), right, n) for n in NS},
@@ -136,7 +179,7 @@ def plot(result: dict, path: str) -> None:
     ax.set_xticks(NS, [str(n) for n in NS])
     ax.set_xlabel("N solutions per problem")
     ax.set_ylabel("verified accuracy of the pick")
-    ax.set_title(f"Best-of-N, bundled task, {result['heldout_problems']} held-out problems")
+    ax.set_title(f"Best-of-N, {result['task']} ({result['model']}), {result['heldout_problems']} held-out problems", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -147,7 +190,16 @@ def plot(result: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default="runs/prm-vs-orm", help="where data and the two reward models are written")
-    ap.add_argument("--label-problems", type=int, default=3000, help="training problems for step labels (2 solutions each)")
+    ap.add_argument("--task", default="arithmetic", help="built-in task (default arithmetic; arithmetic_steps: running sums, one per line)")
+    ap.add_argument("--task-args", default=None, help="task arguments as JSON, for example '{\"terms\": 3}'")
+    ap.add_argument("--model", default="tiny-arith", help="the policy, and the base of both reward models (default tiny-arith)")
+    ap.add_argument("--steps", default="chars:1", help="how solutions are cut into steps (default chars:1; newline for arithmetic_steps)")
+    ap.add_argument("--max-new-tokens", type=int, default=8, help="length limit of sampled solutions (default 8)")
+    ap.add_argument("--orm-data", choices=["pairs", "rollouts"], default="pairs",
+                    help="outcome model data: `assay rm pairs` (default) or the labelling's own verified solutions")
+    ap.add_argument("--cap", type=int, default=8, help="--orm-data rollouts: at most this many right and wrong solutions per problem")
+    ap.add_argument("--samples", type=int, default=2, help="solutions sampled per labelling problem (default 2)")
+    ap.add_argument("--label-problems", type=int, default=3000, help="training problems for step labels (--samples solutions each)")
     ap.add_argument("--rollouts", type=int, default=8, help="K rollouts per step prefix")
     ap.add_argument("--pairs", type=int, default=20000, help="preference pairs for the outcome model")
     ap.add_argument("--seconds", type=float, default=120, help="training time of each reward model")
@@ -156,17 +208,22 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results-prm-vs-orm.json")
     ap.add_argument("--plot", default="docs/img/prm-vs-orm.png")
     args = ap.parse_args()
+    try:
+        args.task_args = json.loads(args.task_args) if args.task_args else None
+    except json.JSONDecodeError as e:
+        ap.error(f"--task-args: not JSON ({e})")
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows, label_seconds, prm_dir, orm_dir = train_both(args, work)
-    trajs, right = sample_heldout(args.heldout, args.seed)
+    rows, label_seconds, prm_dir, orm_dir, n_pairs = train_both(args, work)
+    trajs, right = sample_heldout(args.heldout, args.seed, args.task, args.task_args, args.model, args.max_new_tokens)
     result = {
+        "task": args.task, "task_args": args.task_args, "model": args.model, "steps": args.steps, "orm_data": args.orm_data,
         "heldout_problems": len(right), "label_rows": len(rows), "label_steps": sum(len(r["steps"]) for r in rows),
-        "label_seconds": round(label_seconds, 1), "train_seconds_each": args.seconds, "pairs": args.pairs, "seed": args.seed,
+        "label_seconds": round(label_seconds, 1), "train_seconds_each": args.seconds, "pairs": n_pairs, "seed": args.seed,
         "prm": json.loads((prm_dir / "assay_rm.json").read_text()), "orm": json.loads((orm_dir / "assay_rm.json").read_text()),
-        "accuracy": pick_all(trajs, right, prm_dir, orm_dir),
+        "accuracy": pick_all(trajs, right, prm_dir, orm_dir, args.steps),
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

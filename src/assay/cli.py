@@ -225,7 +225,7 @@ def cmd_rm_label_steps(args: argparse.Namespace) -> int:
     rows = label_steps(args.model, args.task, _yaml_arg(args.task_args, "--task-args"), split=args.split, problems=args.problems,
                        samples=args.samples, rollouts=args.rollouts, steps=args.steps, label=args.label, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, server_url=args.server_url,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, keep_rollouts=args.keep_rollouts)
     write_rows(args.out, rows)
     print(f"{len(rows)} solutions, {sum(len(r['steps']) for r in rows)} labelled steps -> {args.out}", file=sys.stderr)
     return 0
@@ -245,6 +245,7 @@ def _label_steps_parser(rsub) -> None:
     s.add_argument("--steps", default="newline", help="how solutions are cut: newline, chars:N, a marker such as '\n\n', or module:function "
                    "(the bundled model writes one line of digits: use chars:1)")
     s.add_argument("--label", choices=["soft", "hard"], default="soft", help="soft: share of right rollouts; hard: 1 if any is right")
+    s.add_argument("--keep-rollouts", action="store_true", help="also write `finished`: each rollout's finished solution and whether it is right")
     s.add_argument("--max-new-tokens", type=int, default=8, help="length limit of solutions and rollouts (default 8)")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--backend", default="torch", help="generation backend (rollout.backend: torch, vllm, openai)")

@@ -20,7 +20,11 @@ BUNDLED_DIR = Path(__file__).parent.parent / "recipes"
 
 
 def build_char_tokenizer(alphabet: str = ALPHABET):
-    """A character-level fast tokenizer: one token per character, plus pad/eos/bos/unk."""
+    """A character-level fast tokenizer: one token per character, plus pad/eos/bos/unk.
+
+    A newline in `alphabet` (the `tiny-steps` recipe's multi-line solutions) is a character like
+    any other; without one the split pattern is `.`, as the bundled `tiny-arith` was built with.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -28,7 +32,7 @@ def build_char_tokenizer(alphabet: str = ALPHABET):
     for ch in alphabet:
         vocab.setdefault(ch, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL["unk_token"]))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n|." if "\n" in alphabet else "."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL, padding_side="left")
 

@@ -2,6 +2,10 @@
 
 A recipe folder `recipes/NAME/` holds `recipe.yaml` and, once built, `model/` (a Hugging
 Face folder) with `eval.json`, the held-out figures measured right after the build.
+
+A recipe either builds a model from scratch (`model:` its size) or continues from another
+bundled model (`base: tiny-arith`, optionally `add_chars:`, characters appended to the
+tokenizer, such as the newline that `tiny-steps` writes between lines).
 """
 
 from __future__ import annotations
@@ -43,6 +47,32 @@ def load_recipe(name: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
+def from_base(base: str, add_chars: str, seed: int):
+    """`(model, tokenizer)` of the bundled `base`, its character tokenizer extended by `add_chars`.
+
+    Existing token ids keep their embeddings; each new character gets a new row drawn from
+    N(0, 0.02²) with a generator seeded by `seed`, so the rebuild is deterministic.
+    """
+    import torch
+
+    from assay.models import ALPHABET, load_policy
+
+    model, base_tok = load_policy(base)
+    if not add_chars:
+        return model, base_tok
+    tok = build_char_tokenizer(ALPHABET + add_chars)
+    old, new = base_tok.get_vocab(), tok.get_vocab()
+    if any(new.get(t) != i for t, i in old.items()):
+        raise AssayError(f"recipe base {base!r}: its tokenizer is not the bundled character tokenizer, so add_chars cannot extend it")
+    n_old = len(base_tok)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[n_old:] = torch.randn(len(tok) - n_old, emb.shape[1], generator=gen) * 0.02
+    return model, tok
+
+
 def build_bundled(name: str, out: str | None = None, seed: int | None = None, log=print) -> Path:
     """Train the recipe's model from scratch and save it (with `eval.json`) to `out`."""
     import torch
@@ -61,8 +91,11 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     out_dir = Path(out) if out else BUNDLED_DIR / name / "model"
     torch.set_num_threads(recipe.get("threads", 1))  # one thread: the same weights on any machine
     task = make_task(recipe["task"], **recipe["task_args"])
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, seed=seed, **recipe["model"])
+    if "base" in recipe:
+        model, tok = from_base(recipe["base"], recipe.get("add_chars", ""), seed)
+    else:
+        tok = build_char_tokenizer()
+        model = build_tiny_model(tok, seed=seed, **recipe["model"])
     rng = random.Random(seed)
     stream = task.stream("train", seed)
     cfg = SFTConfig(seed=seed, **recipe["sft"])

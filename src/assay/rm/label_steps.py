@@ -16,7 +16,9 @@ template continues it). Rows are written in the step-labelled format `read_step_
 with `split` and `separator` set so that the completion and its steps are exactly the
 sampled text: `{id, prompt, answer, steps, labels, separator: "", split, completion, spans,
 rollouts}` (`steps[k] == completion[spans[k][0]:spans[k][1]]`, the text between two steps
-kept on the step after it).
+kept on the step after it). With `keep_rollouts` a row also holds `finished`: every finished
+solution its rollouts produced, `[text, verified right]`, so an outcome reward model can be
+trained on exactly the text the labels came from (`benchmarks/prm_vs_orm.py`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def continued(sample: Sample, prefix: str) -> Sample:
 def label_steps(model: str = "tiny-arith", task: str = "arithmetic", task_args: dict[str, Any] | None = None, split: str = "train",
                 problems: int = 200, samples: int = 2, rollouts: int = 8, steps: str = "newline", label: str = "soft",
                 max_new_tokens: int = 8, temperature: float = 1.0, backend: str = "torch", device: str = "cpu", seed: int = 0,
-                batch: int = 64, server_url: str | None = None, progress: bool = False) -> list[dict[str, Any]]:
+                batch: int = 64, server_url: str | None = None, progress: bool = False, keep_rollouts: bool = False) -> list[dict[str, Any]]:
     """Step-labelled rows for `problems` problems of `task`'s `split`, `samples` solutions each, `rollouts` rollouts per step.
 
     Args:
@@ -51,6 +53,7 @@ def label_steps(model: str = "tiny-arith", task: str = "arithmetic", task_args: 
         label: `soft` (the share of right rollouts) or `hard` (1.0 when any rollout is right).
         batch: problems whose rollouts go to the sampler in one `generate` call.
         backend, server_url: the generation backend (`rollout.backend`: torch, vllm, openai) and, for `openai`, the server.
+        keep_rollouts: also write `finished`, each rollout's finished solution and its verdict.
     Returns:
         One row per sampled solution with at least one step (see the module doc).
     """
@@ -91,7 +94,7 @@ def label_steps(model: str = "tiny-arith", task: str = "arithmetic", task_args: 
     try:
         with bar:
             for i in range(0, len(chosen), batch):
-                rows += _label_chunk(chosen[i : i + batch], sampler, verifier, params, gen, samples, rollouts, steps, label)
+                rows += _label_chunk(chosen[i : i + batch], sampler, verifier, params, gen, samples, rollouts, steps, label, keep_rollouts)
                 bar.update(task_id, completed=min(i + batch, len(chosen)), info=f"{len(rows)} solutions labelled")
     finally:
         sampler.close()
@@ -105,7 +108,8 @@ def _verify(verifier, sample: Sample, texts: list[str]) -> list[bool]:
     return [r.error is None and r.score is not None and r.score >= 1.0 for r in results]
 
 
-def _label_chunk(chunk: list[Sample], sampler, verifier, params, gen, samples: int, rollouts: int, how: str, label: str) -> list[dict[str, Any]]:
+def _label_chunk(chunk: list[Sample], sampler, verifier, params, gen, samples: int, rollouts: int, how: str, label: str,
+                 keep_rollouts: bool = False) -> list[dict[str, Any]]:
     """Sample solutions of `chunk`, roll out from every step prefix in one `generate` call, and label the steps."""
     solutions = sampler.generate(chunk, samples, params, gen)  # [problems × samples], grouped by problem
     todo = []  # (problem index, completion, pieces, spans, ends)
@@ -119,15 +123,18 @@ def _label_chunk(chunk: list[Sample], sampler, verifier, params, gen, samples: i
     rows, k = [], 0
     for j, comp, pieces, spans, ends in todo:
         sample = chunk[j // samples]
-        right = []
+        right, finished = [], []
         for e in ends[:-1]:
             texts = [comp[:e] + o.completion for o in outs[k * rollouts : (k + 1) * rollouts]]
             right.append(_verify(verifier, sample, texts))
+            finished += [[t, ok] for t, ok in zip(texts, right[-1])]
             k += 1
         right.append(_verify(verifier, sample, [comp[: ends[-1]]]))
         labels = [sum(r) / len(r) if label == "soft" else float(any(r)) for r in right]
         rows.append({"id": f"{sample.id}-{j % samples}", "prompt": sample.prompt, "answer": sample.answer, "steps": pieces, "labels": labels,
                      "separator": "", "completion": comp, "spans": [list(s) for s in spans], "rollouts": [len(r) for r in right]})
+        if keep_rollouts:
+            rows[-1]["finished"] = finished
     return rows
 
 

@@ -1,7 +1,7 @@
 """Built-in procedural tasks and their verifiers."""
 
-from assay.data.tasks.arithmetic import Arithmetic, ArithmeticReward
+from assay.data.tasks.arithmetic import Arithmetic, ArithmeticReward, ArithmeticSteps, ArithmeticStepsReward
 from assay.data.tasks.base import TASKS, Task, in_heldout, make_task
 from assay.data.tasks.countdown import Countdown, CountdownReward, parse_expression
 
-__all__ = ["TASKS", "Task", "make_task", "in_heldout", "Arithmetic", "ArithmeticReward", "Countdown", "CountdownReward", "parse_expression"]
+__all__ = ["TASKS", "Task", "make_task", "in_heldout", "Arithmetic", "ArithmeticReward", "ArithmeticSteps", "ArithmeticStepsReward", "Countdown", "CountdownReward", "parse_expression"]

@@ -1,4 +1,4 @@
-"""Multi-step integer arithmetic: `12+34-5=` → `41`."""
+"""Multi-step integer arithmetic: `12+34-5=` → `41`; `arithmetic_steps` writes one line per operation."""
 
 from __future__ import annotations
 
@@ -50,11 +50,63 @@ class ArithmeticReward(Reward):
     """
 
     def score(self, traj: Trajectory) -> RewardResult:
-        gold = str(traj.sample.answer).strip() if traj.sample.answer is not None else ""
+        return self.check(traj.completion.strip(), traj.sample.answer)
+
+    @staticmethod
+    def check(pred: str, answer) -> RewardResult:
+        """The verdict on `pred` (already stripped) against the reference `answer`."""
+        gold = str(answer).strip() if answer is not None else ""
         if not _INT.fullmatch(gold):
             return RewardResult(None, info={"reason": "unparseable_gold"})
-        pred = traj.completion.strip()
         if not _INT.fullmatch(pred):
             return RewardResult(0.0, info={"reason": "no_answer", "extracted": pred[:40]})
         ok = int(pred) == int(gold)
         return RewardResult(float(ok), info={"reason": "correct" if ok else "wrong", "extracted": pred})
+
+
+@TASKS.register("arithmetic_steps")
+class ArithmeticSteps(Arithmetic):
+    """`arithmetic` solved in steps: one line per operation on the running result, the last line ending in the answer.
+
+    `12+34+56=` → `12+34=46\n46+56=102`. The gold `answer` is the final value;
+    `fields["steps"]` holds the running results, and `solution(sample)` the reference text, so
+    a process reward model has lines to judge (`assay rm label-steps --steps newline`).
+    Verified by `arithmetic_steps`: the `arithmetic` verifier on what follows the last `=`
+    of the last line (the whole line when it has none).
+
+    Args: as `arithmetic`, with `terms` defaulting to 4 (three steps).
+    """
+
+    reward = "arithmetic_steps"
+
+    def __init__(self, terms: int = 4, max_value: int = 99, ops: str = "+", heldout_fraction: float = 0.2):
+        super().__init__(terms, max_value, ops, heldout_fraction)
+
+    def make(self, rng: random.Random) -> Sample:
+        s = super().make(rng)
+        nums, ops = s.fields["nums"], s.fields["ops"]
+        value, steps = nums[0], []
+        for o, n in zip(ops, nums[1:]):
+            value = value + n if o == "+" else value - n if o == "-" else value * n
+            steps.append(value)
+        s.fields["steps"] = steps
+        return s
+
+    @staticmethod
+    def solution(sample: Sample) -> str:
+        """The reference solution: `running result op number = new result`, one line per operation."""
+        nums, ops, steps = sample.fields["nums"], sample.fields["ops"], sample.fields["steps"]
+        return "\n".join(f"{a}{o}{n}={v}" for a, o, n, v in zip([nums[0], *steps], ops, nums[1:], steps))
+
+
+@REWARDS.register("arithmetic_steps")
+class ArithmeticStepsReward(Reward):
+    """1 when the last non-blank line of the completion ends in `=ANSWER` (or is the answer), else 0.
+
+    The `arithmetic` verifier on the text after the last `=` of the last line (earlier lines are
+    the working and are not checked; a wrong step carries into the answer). An empty completion scores 0.
+    """
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        lines = [ln.strip() for ln in traj.completion.splitlines() if ln.strip()]
+        return ArithmeticReward.check(lines[-1].rpartition("=")[2].strip() if lines else "", traj.sample.answer)
