@@ -73,9 +73,10 @@ def vote_accuracy(answers: list[list[str]], right: list[list[bool]], n: int) -> 
 
 
 def final_answer(text: str) -> str:
-    """The answer a solution ends with: its last non-blank line (a one-line answer is itself)."""
+    """The answer a solution ends with, as the verifiers read it: what follows the last `=` of its last
+    non-blank line (a one-line answer is itself), so majority vote counts values, not the working."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+    return lines[-1].rpartition("=")[2].strip() if lines else ""
 
 
 def rollout_comparisons(rows: list[dict], cap: int, seed: int) -> list[dict]:
@@ -140,8 +141,27 @@ def sample_heldout(problems: int, seed: int, task_name: str = "arithmetic", task
     return trajs, [[r.score == 1.0 for r in verifier(trajs[i * 8 : (i + 1) * 8])] for i in range(len(chosen))]
 
 
-def pick_all(trajs: list, right: list[list[bool]], prm_dir: Path, orm_dir: Path, steps: str = "chars:1") -> dict[str, dict[int, float]]:
-    """Verified accuracy at each N of every way of picking: PRM reduces, outcome RM, majority vote, pass@N."""
+def paired(a: list[list[float]], b: list[list[float]], right: list[list[bool]]) -> dict[str, float]:
+    """The picks of two scorers among all solutions of each problem, paired: how many problems each alone gets right,
+    and the two-sided exact sign test on those discordant problems (p of a split this uneven if neither were better)."""
+    from math import comb
+
+    def pick(s: list[float], r: list[bool]) -> bool:
+        return r[max(range(len(s)), key=lambda i: (s[i], -i))]
+
+    both = only_a = only_b = 0
+    for sa, sb, r in zip(a, b, right):
+        x, y = pick(sa, r), pick(sb, r)
+        both, only_a, only_b = both + (x and y), only_a + (x and not y), only_b + (y and not x)
+    n, k = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"both_right": both, "only_prm_right": only_a, "only_orm_right": only_b, "neither": len(right) - both - only_a - only_b,
+            "sign_test_p": round(p, 4)}
+
+
+def pick_all(trajs: list, right: list[list[bool]], prm_dir: Path, orm_dir: Path, steps: str = "chars:1") -> dict[str, dict]:
+    """Verified accuracy at each N of every way of picking: PRM reduces, outcome RM, majority vote, pass@N;
+    and `paired_at_max_n`, the PRM's (min) and the outcome RM's picks at the largest N compared problem by problem."""
     from assay.rm.model import Encoder, load_rm, score_texts
     from assay.rm.prm import REDUCES, StepEncoder, reduce_steps, score_completions
 
@@ -162,6 +182,7 @@ def pick_all(trajs: list, right: list[list[bool]], prm_dir: Path, orm_dir: Path,
         "majority_vote": {n: vote_accuracy(answers, right, n) for n in NS},
         "pass_at_n": {n: pick_accuracy([[float(x) for x in r] for r in right], right, n) for n in NS},
         **{f"prm_{h}": {n: pick_accuracy(prm_by[h], right, n) for n in NS} for h in ("mean", "last", "prod")},
+        "paired_at_max_n": paired(prm_by["min"], grouped(orm_scores), right),
     }
 
 
