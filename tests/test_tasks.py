@@ -102,3 +102,11 @@ def test_mix_bad_parts():
         make_task("mix", parts=[{"name": "arithmetic"}])
     with pytest.raises(AssayError, match="unknown task"):
         make_task("mix", parts=[{"task": "nope"}])
+
+
+def test_mix_docstring_example():
+    import doctest
+
+    import assay.data.tasks.mix
+
+    assert doctest.testmod(assay.data.tasks.mix).failed == 0
