@@ -2,6 +2,10 @@
 
 A recipe folder `recipes/NAME/` holds `recipe.yaml` and, once built, `model/` (a Hugging
 Face folder) with `eval.json`, the held-out figures measured right after the build.
+A recipe trains from scratch (`model:`, its size) or from another bundled model (`base:`),
+on noisy (prompt, answer) pairs (`noise:`, `corruption:`; `assay.recipes.noisy`) or on
+episodes of an environment (`env:`, `demos:`; `assay.recipes.demos`), whose `eval.json` then
+holds the held-out accuracy with the tool and without it.
 """
 
 from __future__ import annotations
