@@ -14,8 +14,10 @@ import torch
 
 from assay.config import load_config
 from assay.data.tasks import make_task
+from assay.envs import Environment, Step
 from assay.errors import AssayError
 from assay.rollout.base import SamplingParams
+from assay.rollout.multiturn import Budget, MultiTurn
 from assay.train import learner
 from assay.train.rl import Trainer
 from assay.types import RewardResult
@@ -140,3 +142,68 @@ def test_assay_eval_and_pass_at_large_k_through_an_engine(name, request):
     out = evaluate_model("tiny-arith", k=64, backend=name, server_url=url, **common)
     assert out["accuracy"] == torch_greedy["accuracy"]
     assert out["pass@64"] >= out["accuracy"] and out["pass@64"] > 0.9  # the bundled model's pass@8 is 98.6%
+
+
+class _Echo(Environment):
+    """A 4-turn episode: each turn is answered `|k:<its first 3 characters>|`; the reward is the turns taken / 10."""
+
+    def __init__(self):
+        self.k, self.shown = 0, []
+
+    def reset(self, sample):
+        self.k = 0
+        return sample.prompt
+
+    def step(self, action):
+        self.k += 1
+        if self.k >= 4:
+            return Step("", self.k / 10, True, {"finish_reason": "answer"})
+        self.shown.append(f"|{self.k}:{action[:3]}|")
+        return Step(self.shown[-1], 0.0, False, {})
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_multi_turn_episodes_on_the_engine_are_token_exact(engine_sampler, bundled, name):
+    """Episodes generated turn by turn through an engine: the learner's row is the engine's tokens and the
+    environment's, the environment's are masked, and the learner's logprobs equal the engine's (first update)."""
+    model, tok = bundled
+    envs = []
+
+    def make():
+        envs.append(_Echo())
+        return envs[-1]
+
+    prompts = [s for _, s in zip(range(4), make_task("arithmetic").stream("train", 0))]
+    loop = MultiTurn(engine_sampler(name), tok, make, Budget(max_turns=6, max_tokens=256))
+    trajs = loop.run(prompts, 2, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
+    assert len(trajs) == 8
+    for t, env in zip(trajs, envs):
+        assert len(t.turns) == 4 and t.info["reward"] == pytest.approx(0.4)
+        shown = [j for j, m in enumerate(t.loss_mask) if m == 0]
+        assert tok.decode([t.completion_ids[j] for j in shown]) == "".join(env.shown)  # every env token, and only those, masked
+        assert all(t.loss_mask[a:b] == [1] * (b - a) for a, b in t.turns)
+    batch = learner.collate(trajs, [RewardResult(0.0)] * len(trajs), tok.pad_token_id, torch.device("cpu"))
+    for i, t in enumerate(trajs):
+        assert batch.input_ids[i][batch.attention_mask[i].bool()].tolist() == t.prompt_ids + t.completion_ids
+    with torch.no_grad():
+        lp, _ = learner.token_logprobs(model, batch, 1.0, fast=True)
+    diff = ((lp - batch.old_logprobs).abs() * batch.mask).sum() / batch.mask.sum()
+    assert diff < 1e-3
+
+
+def test_the_judge_scores_through_vllm_serve(vllm_server):
+    """The `judge` reward against a real `vllm serve` of the bundled model: ratings parsed and scaled, off-scale unscored,
+    the pairwise verdict read, and the reply cache hit on a repeat (the engine is not asked again)."""
+    from assay.models import resolve_model_path
+    from assay.rewards.judge import Judge
+    from assay.types import Sample, Trajectory
+
+    def traj(completion: str, group: int = 0) -> Trajectory:
+        return Trajectory(Sample(str(group), "q", "5"), completion, [], [], [], True, group=group)
+
+    model = str(resolve_model_path("tiny-arith"))
+    judge = Judge(vllm_server, model=model, api="completions", template="{completion}+0=", low=0, high=10, max_tokens=4)
+    results = judge([traj("7"), traj("3", 1), traj("95", 2)])  # the bundled model adds: "7+0=" -> 7
+    assert [r.score for r in results] == [0.7, 0.3, None] and results[2].info["reason"] == "unparsable"
+    again = judge([traj("7")])[0]
+    assert again.score == 0.7 and again.info.get("cached") is True

@@ -52,6 +52,7 @@ def _rm_folder() -> str:
 
 
 EXAMPLES["rm"] = {"path": _rm_folder()}
+EXAMPLES["prm"] = {"path": EXAMPLES["rm"]["path"]}  # the same one-label classifier, read at every step
 
 BATCH = [
     traj(r"The answer is \boxed{4}.", "4", reference="ref", nums=[1, 3], target=4),
@@ -74,7 +75,7 @@ NAMES = REWARDS.names()
 @pytest.mark.parametrize("name", NAMES)
 def test_conformance(name):
     reward = build_reward(example_block(name))
-    assert isinstance(reward, Reward) and reward.kind in ("cpu", "io")
+    assert isinstance(reward, Reward) and reward.kind in ("cpu", "io", "batch")
     assert isinstance(reward.hparams(), dict)
     clone = pickle.loads(pickle.dumps(reward))
     results = clone(BATCH)
@@ -82,7 +83,7 @@ def test_conformance(name):
     for r in results:
         assert r.score is None or isinstance(r.score, float)
         assert isinstance(r.components, dict) and isinstance(r.info, dict)
-    if reward.kind == "io":  # no worker process to crash: the asyncio path must agree with a direct call
+    if reward.kind in ("io", "batch"):  # no worker process to crash: the executor's path must agree with a direct call
         with RewardExecutor(reward, timeout=30.0) as ex:
             assert [r.score for r in ex.score(BATCH)] == [r.score for r in results]
         return

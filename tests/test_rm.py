@@ -102,6 +102,23 @@ def test_best_of_n_and_subsets_by_hand():
     assert m["pair_accuracy/x"] == pytest.approx(5 / 6) and m["pair_accuracy/y"] == 0.0
 
 
+def test_calibration_by_hand():
+    """Gaps 0 and ±ln 3 (σ = 0.75) and ln 19 (σ = 0.95): bins by σ(|gap|), accuracy per bin, ECE weighted by pairs."""
+    import math
+
+    from assay.rm.data import Comparison
+
+    comps = [Comparison(str(i), "p", ["c"], ["r"], "") for i in range(4)]
+    scores = [([math.log(3)], [0.0]), ([0.0], [math.log(3)]), ([math.log(19)], [0.0]), ([1.0], [1.0])]
+    m = comparison_metrics(comps, scores, prefix="", bins=True)
+    assert [b["pairs"] for b in m["calibration"]] == [1, 2, 1]
+    (tie, three, nineteen) = m["calibration"]
+    assert tie == {"confidence": 0.5, "accuracy": 0.0, "pairs": 1}  # a tie counts as wrong
+    assert three == {"confidence": 0.75, "accuracy": 0.5, "pairs": 2} and nineteen == {"confidence": 0.95, "accuracy": 1.0, "pairs": 1}
+    assert m["calibration_ece"] == pytest.approx((0.5 + 2 * 0.25 + 0.05) / 4)
+    assert "calibration" not in comparison_metrics(comps, scores)  # a training run's metrics keep numbers only
+
+
 def test_verifier_disagreement_by_hand():
     from assay.rewards.monitors import reward_health
     from assay.types import RewardResult
@@ -257,6 +274,31 @@ def test_sigterm_saves_the_finished_step_and_resume_continues(tmp_path, tiny_mod
     assert [r["step"] for r in read_metrics(metrics)] == list(range(step + 3)) and resumed.final["rm/loss"] > 0
 
 
+# ---------------------------------------------------------------- pairs from the bundled task
+
+
+def test_longer_pairs_are_longer_yet_plausible_sums():
+    from collections import Counter
+
+    from assay.rm.pairs import DEFAULT_MIX, answer_range, build_pairs
+    from assay.data.tasks import make_task
+
+    lo, hi = answer_range(make_task("arithmetic"), "train", 0)
+    assert lo <= 5 and 190 <= hi <= 198  # a+b with a, b in 0..99, over 2000 drawn problems
+    rows = build_pairs(n=400, seed=1)
+    longer = [r for r in rows if r["subset"] == "longer"]
+    for r in longer:  # more digits than the answer, yet a sum two numbers up to 99 can have: size gives nothing away
+        assert len(r["rejected"]) > len(r["chosen"]) and 0 <= int(r["rejected"]) <= 198 and int(r["chosen"]) <= 99, r
+    # a 3-digit answer has no plausible longer wrong answer: the drawn kind waits, so the mix holds (0.25 of 400, ± 3 sd)
+    assert abs(len(longer) - 100) <= 3 * (400 * 0.25 * 0.75) ** 0.5
+    assert set(Counter(r["subset"] for r in rows)) == set(DEFAULT_MIX)
+    import doctest
+
+    import assay.rm.pairs
+
+    assert doctest.testmod(assay.rm.pairs).failed == 0
+
+
 # ---------------------------------------------------------------- the CLI, end to end
 
 
@@ -274,7 +316,7 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     assert {r["subset"] for r in rows} == {"near_miss", "carry", "random", "longer", "shorter"}
     for r in rows:
         assert int(r["chosen"]) == eval(r["prompt"][:-1]) != int(r["rejected"])  # the prompts are a+b=
-        assert r["subset"] != "longer" or len(r["rejected"]) > len(r["chosen"])
+        assert r["subset"] != "longer" or len(r["rejected"]) > len(r["chosen"]) and 0 <= int(r["rejected"]) <= 198  # a plausible sum
         assert not in_heldout(r["prompt"], 0.2)
     assert all(in_heldout(r["prompt"], 0.2) for r in held)
 
@@ -291,6 +333,9 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     assert out["rows"] == 60 and out["pairs"] == 60 and 0.0 <= out["pair_accuracy"] <= 1.0
     last = read_metrics(tmp_path / "cli" / "metrics.jsonl")[-1]
     assert out["pair_accuracy"] == last["eval/pair_accuracy"]  # the saved model scores as the trained one did
+    assert sum(b["pairs"] for b in out["calibration"]) == 60 and out["calibration_ece"] == pytest.approx(last["eval/calibration_ece"])
+    p = assay("rm", "eval", "--path", str(tmp_path / "cli"), "--data", str(held_file), "--plot", str(tmp_path / "cal.png"))
+    assert p.returncode == 0 and (tmp_path / "cal.png").read_bytes()[:4] == b"\x89PNG" and "calibration_ece" in p.stdout
     rb2 = write_jsonl(tmp_path / "rb2.jsonl", [{"id": str(i), "prompt": "3+4=", "chosen": ["7"], "rejected": ["8", "17", "6"], "subset": "Math"}
                                                for i in range(2)])
     p = assay("rm", "eval", "--path", str(tmp_path / "cli" / "final"), "--data", str(rb2), "--json")

@@ -242,3 +242,45 @@ def test_startup_errors_are_one_line():
         port = taken.getsockname()[1]
         p = subprocess.run([*cmd, "--reward", "math", "--port", str(port), "--workers", "0"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 2 and p.stderr.strip() == f"assay: error: serve rewards: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def _descendants(pid: int) -> set[int]:
+    """The process ids below `pid` (children, their children, ...), read from /proc."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = {c for c, pp in parent.items() if pp == p}
+        out |= kids
+        todo += kids
+    return out
+
+
+def test_a_worker_hung_in_a_job_exits_when_its_server_is_killed():
+    """SIGKILL gives the server no chance to stop its workers; the one hung in a job must not live on (and spin) for ever."""
+    server = Server("--reward", "_reward_helpers:Misbehave", "--workers", "1", "--timeout", "600")
+    threading.Thread(target=lambda: _quietly(server.post, "/score", {"rows": [{"completion": "hang"}]}), daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not (procs := _descendants(server.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert procs
+    time.sleep(1.0)  # the job is on the worker now
+    server.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while (alive := {p for p in procs if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text()}) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive
+
+
+def _quietly(fn, *args):
+    try:
+        fn(*args)
+    except (OSError, http.client.HTTPException):
+        pass

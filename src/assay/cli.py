@@ -62,6 +62,11 @@ def _yaml_arg(text: str | None, name: str) -> Any:
 def cmd_eval(args: argparse.Namespace) -> int:
     from assay.eval.run import evaluate_model
 
+    if args.best_of is not None:
+        return cmd_eval_best_of(args)
+    if args.verifier is not None:
+        raise AssayError("--verifier goes with --best-of (without it, --reward is the verifier)")
+
     out = evaluate_model(args.model, task=args.task, task_args=_yaml_arg(args.task_args, "--task-args"), data=args.data,
                          fields=_yaml_arg(args.fields, "--fields"), format=args.format, chat=args.chat, system_prompt=args.system_prompt,
                          chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
@@ -73,6 +78,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         for key, v in out.items():
             print(f"{key:>12}: {v:.4f}" if isinstance(v, float) else f"{key:>12}: {v}")
+    return 0
+
+
+def cmd_eval_best_of(args: argparse.Namespace) -> int:
+    from assay.eval import bestof
+    from assay.eval.run import evaluate_best_of
+
+    out = evaluate_best_of(args.model, select=args.reward, best_of=args.best_of, verifier=args.verifier, task=args.task,
+                           task_args=_yaml_arg(args.task_args, "--task-args"), data=args.data, fields=_yaml_arg(args.fields, "--fields"),
+                           format=args.format, chat=args.chat, system_prompt=args.system_prompt,
+                           chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
+                           chat_template=args.chat_template, run=args.run, n=args.n, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, workers=args.workers,
+                           server_url=args.server_url)
+    json_path, png_path = bestof.write(out, args.out)
+    if args.json:
+        print(json.dumps({k: v for k, v in out.items() if k != "per_problem"}))
+    else:
+        print(f"best-of-n by {out['selector']}, verified by {out['verifier']}, on {out['problems']} problems:")
+        print(bestof.table(out["curve"]))
+    sys.stdout.flush()
+    print(f"wrote {json_path} and {png_path}", file=sys.stderr)
     return 0
 
 
@@ -109,9 +136,16 @@ def cmd_serve_rewards(args: argparse.Namespace) -> int:
     return serve(args.reward, host=args.host, port=args.port, workers=args.workers, timeout=args.timeout, max_batch=args.max_batch)
 
 
+def cmd_serve_model(args: argparse.Namespace) -> int:
+    from assay.rollout.serve_model import serve_model
+
+    return serve_model(args.path, host=args.host, port=args.port, name=args.name, max_new_tokens=args.max_new_tokens,
+                       device=args.device, chat_template=args.chat_template)
+
+
 def _serve_parser(sub) -> None:
     """`assay serve rewards`: a reward over HTTP for OpenRLHF, verl and assay clients (docs/serving.md)."""
-    s = sub.add_parser("serve", help="serve a reward over HTTP to other trainers (OpenRLHF, verl; docs/serving.md)")
+    s = sub.add_parser("serve", help="serve a reward over HTTP to other trainers (OpenRLHF, verl), or a model to judges (docs/serving.md)")
     ssub = s.add_subparsers(dest="serve_command", required=True)
     r = ssub.add_parser("rewards", help="POST /get_reward (OpenRLHF), /compute_score (verl), /score (assay); GET /health")
     r.add_argument("--reward", required=True, help="a registered reward name, module:attr, or a YAML reward block")
@@ -121,6 +155,15 @@ def _serve_parser(sub) -> None:
     r.add_argument("--timeout", type=float, default=5.0, help="seconds per item before it is unscored (default 5)")
     r.add_argument("--max-batch", type=int, default=4096, help="most items in one request (default 4096)")
     r.set_defaults(fn=cmd_serve_rewards)
+    m = ssub.add_parser("model", help="a Hugging Face causal LM as an OpenAI-compatible server: /v1/models, /v1/completions, /v1/chat/completions")
+    m.add_argument("path", help="a bundled model name (tiny-arith) or a Hugging Face causal LM folder")
+    m.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    m.add_argument("--port", type=int, default=8000, help="port (0: any free one, printed at start; default 8000)")
+    m.add_argument("--name", default=None, help="the model id clients send (default: PATH as given)")
+    m.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per completion; larger max_tokens are cut to it (default 256)")
+    m.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template that replaces the tokenizer's")
+    m.add_argument("--device", default="cpu")
+    m.set_defaults(fn=cmd_serve_model)
 
 
 def cmd_rm_train(args: argparse.Namespace) -> int:
@@ -158,20 +201,65 @@ def cmd_rm_pairs(args: argparse.Namespace) -> int:
 def cmd_rm_eval(args: argparse.Namespace) -> int:
     from assay.rm.eval import evaluate_path
 
-    out = evaluate_path(args.path, args.data, fields=_yaml_arg(args.fields, "--fields"), device=args.device, batch_size=args.batch_size)
+    out = evaluate_path(args.path, args.data, fields=_yaml_arg(args.fields, "--fields"), device=args.device, batch_size=args.batch_size,
+                        threshold=args.threshold)
+    if args.plot:
+        if "calibration" not in out:
+            raise AssayError("rm eval: --plot draws the calibration of an outcome reward model's pairs; this evaluation has none")
+        from assay.rm.eval import plot_calibration
+
+        print(f"calibration plot -> {plot_calibration(out, args.plot)}", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
     else:
         for key, v in out.items():
+            if key == "calibration":
+                v = ", ".join(f"{b['confidence']:.2f}:{b['accuracy']:.2f} ({b['pairs']})" for b in v)
             print(f"{key:>28}: {v:.4f}" if isinstance(v, float) else f"{key:>28}: {v}")
     return 0
+
+
+def cmd_rm_label_steps(args: argparse.Namespace) -> int:
+    from assay.rm.label_steps import label_steps, write_rows
+
+    rows = label_steps(args.model, args.task, _yaml_arg(args.task_args, "--task-args"), split=args.split, problems=args.problems,
+                       samples=args.samples, rollouts=args.rollouts, steps=args.steps, label=args.label, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, server_url=args.server_url,
+                       progress=not args.no_progress)
+    write_rows(args.out, rows)
+    print(f"{len(rows)} solutions, {sum(len(r['steps']) for r in rows)} labelled steps -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _label_steps_parser(rsub) -> None:
+    s = rsub.add_parser("label-steps", help="Monte Carlo step labels (Math-Shepherd): roll out from every step of sampled solutions, "
+                        "label each step with its verified success rate")
+    s.add_argument("--out", required=True, metavar="FILE", help="output JSONL (prompt, steps, labels, completion, spans), read by kind=prm")
+    s.add_argument("--model", default="tiny-arith", help="the policy: a bundled name or a Hugging Face folder (default tiny-arith)")
+    s.add_argument("--task", default="arithmetic", help="built-in task whose verifier checks rollouts (default arithmetic)")
+    s.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
+    s.add_argument("--split", choices=["train", "heldout"], default="train", help="the task's split (default train)")
+    s.add_argument("--problems", type=int, default=200, help="problems (default 200)")
+    s.add_argument("--samples", type=int, default=2, help="solutions sampled per problem (default 2)")
+    s.add_argument("--rollouts", type=int, default=8, help="K: rollouts from each step prefix (default 8)")
+    s.add_argument("--steps", default="newline", help="how solutions are cut: newline, chars:N, a marker such as '\n\n', or module:function "
+                   "(the bundled model writes one line of digits: use chars:1)")
+    s.add_argument("--label", choices=["soft", "hard"], default="soft", help="soft: share of right rollouts; hard: 1 if any is right")
+    s.add_argument("--max-new-tokens", type=int, default=8, help="length limit of solutions and rollouts (default 8)")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--backend", default="torch", help="generation backend (rollout.backend: torch, vllm, openai)")
+    s.add_argument("--server-url", default=None, help="with --backend openai: the OpenAI-compatible server")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    s.set_defaults(fn=cmd_rm_label_steps)
 
 
 def _rm_parser(sub) -> None:
     """`assay rm`'s subcommands."""
     rm = sub.add_parser("rm", help="reward models: build preference pairs, train a Bradley-Terry model, measure it (docs/reward-models.md)")
     rsub = rm.add_subparsers(dest="rm_command", required=True)
-    t = rsub.add_parser("train", help="train a Bradley-Terry reward model on preference pairs")
+    t = rsub.add_parser("train", help="train a Bradley-Terry reward model on preference pairs (kind=prm: a process reward model on step labels)")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
                    help="a YAML config file (optional) and dotted overrides, for example data.path=pairs.jsonl train.steps=500 loss.margin=0.5")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint (overrides may change train.steps, "
@@ -187,14 +275,18 @@ def _rm_parser(sub) -> None:
     p.add_argument("--mix", default=None, help="kind weights as YAML, for example '{near_miss: 1, longer: 1}' (kinds: near_miss, carry, random, longer)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_rm_pairs)
-    e = rsub.add_parser("eval", help="pairwise and best-of-N accuracy of a reward model on comparisons (RewardBench 2 rows too)")
+    e = rsub.add_parser("eval", help="pairwise and best-of-N accuracy of a reward model on comparisons (RewardBench 2 rows too); "
+                        "first-error F1 of a process reward model on ProcessBench rows")
     e.add_argument("--path", required=True, metavar="RM", help="the reward model folder, or the run folder whose final/ holds it")
     e.add_argument("--data", required=True, metavar="FILE", help="JSONL/Parquet/datasets folder with prompt, chosen, rejected (strings or lists)")
     e.add_argument("--fields", default=None, help="column mapping, for example '{prompt: question}'")
     e.add_argument("--device", default="cpu")
     e.add_argument("--batch-size", type=int, default=64, help="sequences per forward (default 64)")
+    e.add_argument("--threshold", type=float, default=0.5, help="process reward models: a step scored below this is wrong (default 0.5)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--plot", default=None, metavar="PNG", help="also save a reliability diagram of the pairs' calibration here")
     e.set_defaults(fn=cmd_rm_eval)
+    _label_steps_parser(rsub)
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
@@ -237,6 +329,10 @@ def _eval_parser(sub) -> None:
     e.add_argument("--device", default="cpu")
     e.add_argument("--workers", type=int, default=2, help="reward worker processes (0: score in this process)")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--best-of", type=int, default=None, metavar="N", help="sample N completions per problem, pick the one --reward scores "
+                   "highest, and report its verified accuracy against n = 1, 2, 4, ..., N with pass@n and maj@n (docs/reward-models.md)")
+    e.add_argument("--verifier", default=None, help="with --best-of: the reward that checks the picked answer (default: the task's, format's or run's)")
+    e.add_argument("--out", default="bestof", metavar="DIR", help="with --best-of: folder for bestof.json and bestof.png (default ./bestof)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_eval)
 

@@ -34,7 +34,7 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     task: str | None = "arithmetic"
-    """A built-in task (`arithmetic`, `countdown`, `sql-agent`); set to null to train on `path`."""
+    """A built-in task (`arithmetic`, `countdown`, `sql-agent`, `code-fix`); set to null to train on `path`."""
     task_args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the built-in task, for example `{terms: 3, ops: "+-"}`."""
     path: str | None = None
@@ -279,7 +279,7 @@ class EnvConfig(Section):
     """
 
     name: str
-    """A bundled environment (`calculator`, `sql-agent`) or a `module:attr` factory of the user's own."""
+    """A bundled environment (`calculator`, `sql-agent`, `code-fix`) or a `module:attr` factory of the user's own."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the environment, for example `{syntax: json}`."""
     max_turns: int = Field(4, ge=1)

@@ -31,6 +31,7 @@ import atexit
 import collections
 import contextlib
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import signal
@@ -85,11 +86,33 @@ def _resolve(obj: Any) -> Any:
     return load_path(obj) if isinstance(obj, str) else obj
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exit_with(owner: int, every: float = 1.0) -> None:
+    """Exit this worker once the process that owns the pool is gone (killed with SIGKILL, say).
+
+    A worker hung in a job never reads its pipe, so it would not see the owner's end close:
+    without this it would outlive the owner, a busy loop burning a core for ever.
+    """
+    while _alive(owner):
+        time.sleep(every)
+    os._exit(1)
+
+
 def _worker_main(conn: Connection, spec: bytes) -> None:
     """A worker: set up, say ready, then answer chunks of `(index, job)` until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        target, setup, setup_args = pickle.loads(spec)
+        target, setup, setup_args, owner = pickle.loads(spec)
+        threading.Thread(target=_exit_with, args=(owner,), name="assay-owner-watch", daemon=True).start()
         fn = _resolve(target)
         state = _resolve(setup)(*setup_args) if setup is not None else None
     except BaseException as e:
@@ -189,7 +212,7 @@ class WorkerPool:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver" and preload:
             self._ctx.set_forkserver_preload(list(preload))
-        self._spec = pickle.dumps((target, setup, setup_args))
+        self._spec = pickle.dumps((target, setup, setup_args, os.getpid()))
         self._ready_timeout, self._name = ready_timeout, name
         self._workers = [self._start() for _ in range(max(1, workers))]
         self._idle: queue.Queue[int] = queue.Queue()

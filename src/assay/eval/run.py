@@ -55,6 +55,8 @@ def resolve(task: str | None, task_args: dict | None, data, run: str | None, rew
             raise AssayError("--data needs --reward (the reward that checks these rows: a name, module:attr, or a YAML block) "
                              "or --format (a standard layout that brings its reward)")
         return samples_from(data.path, data)[:n], reward, {"data": data.path, **({"format": data.format} if data.format else {})}
+    from assay import envs  # noqa: F401  (registers the environments' tasks: sql-agent, code-fix)
+
     t = make_task(task or "arithmetic", **(task_args or {}))
     return t.heldout(n), reward or t.reward, {"task": task or "arithmetic"}
 
@@ -85,12 +87,27 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
     Returns:
         `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`.
     """
-    from assay.config import DataConfig
-    from assay.data.datasets import PromptLimit
     from assay.eval.policy import evaluate
-    from assay.models import load_policy
     from assay.rewards.executor import RewardExecutor
     from assay.rewards.spec import build_reward
+
+    problems, reward_spec, what, model, sampler, max_new_tokens = _prepare(
+        model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
+        max_new_tokens, backend, device, seed, server_url)
+    try:
+        with RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout) as ex:
+            r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)
+    finally:
+        sampler.close()
+    return {"model": model, **what, **r.as_dict()}
+
+
+def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
+             max_new_tokens, backend, device, seed, server_url) -> tuple[list, Any, dict[str, Any], str, Any, int]:
+    """`(problems, verifier spec, description, model, sampler, max_new_tokens)`: what `evaluate_model` and `evaluate_best_of` share."""
+    from assay.config import DataConfig
+    from assay.data.datasets import PromptLimit
+    from assay.models import load_policy
     from assay.rollout.base import make_sampler
 
     spec = None if data is None else DataConfig(task=None, path=data, fields=fields or {}, format=format, chat=chat,
@@ -112,10 +129,44 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
         from assay.config import RolloutConfig
 
         rollout = RolloutConfig(backend=backend, server_url=server_url)
-    sampler = make_sampler(backend, policy, tokenizer, rollout, device)
+    return problems, reward_spec, what, model, make_sampler(backend, policy, tokenizer, rollout, device), max_new_tokens
+
+
+def evaluate_best_of(model: str | None = None, *, select: Any, best_of: int, verifier: Any = None, task: str | None = None,
+                     task_args: dict | None = None, data: str | None = None, fields: dict | None = None, format: str | None = None,
+                     chat: bool = False, system_prompt: str | None = None, chat_template_kwargs: dict | None = None,
+                     chat_template: str | None = None, run: str | None = None, n: int = 500, max_new_tokens: int | None = None,
+                     temperature: float = 1.0, backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2,
+                     timeout: float = 5.0, server_url: str | None = None) -> dict[str, Any]:
+    """Verified accuracy of the best of n samples under the reward `select`, for n = 1, 2, 4, ..., `best_of` (`assay.eval.bestof`).
+
+    The problems, model and verifier are resolved as in `evaluate_model` (`verifier`: the
+    task's, the format's or the run's own when None). Returns `{model, task|data|run,
+    problems, best_of, selector, verifier, temperature, seed, curve: [{n, best_of, pass,
+    majority}], per_problem: [...]}`.
+    """
+    from assay.eval import bestof
+    from assay.rewards.executor import RewardExecutor
+    from assay.rewards.spec import build_reward
+
+    if best_of < 1:
+        raise AssayError(f"--best-of must be at least 1, got {best_of}")
+    if select is None:
+        raise AssayError("--best-of needs --reward SPEC: the reward that picks one of the samples (a verifier, {name: rm, args: {path: ...}}, ...)")
+    if data is not None and verifier is None and format is None:
+        raise AssayError("--best-of on --data needs --verifier SPEC (the reward that checks the picked answer) or --format")
+    selector = build_reward(select)  # a bad spec fails here, before the model loads
+    problems, verifier_spec, what, model, sampler, max_new_tokens = _prepare(
+        model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, verifier, n,
+        max_new_tokens, backend, device, seed, server_url)
     try:
-        with RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout) as ex:
-            r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)
+        with RewardExecutor(build_reward(verifier_spec), workers=workers, timeout=timeout) as check, \
+                RewardExecutor(selector, workers=workers, timeout=timeout, failure_score=None) as pick:
+            per_problem = bestof.sample_and_score(sampler, check.score, pick.score, problems, best_of, max_new_tokens, temperature, seed)
     finally:
         sampler.close()
-    return {"model": model, **what, **r.as_dict()}
+    curve = bestof.best_of_curve([p["correct"] for p in per_problem], [p["scores"] for p in per_problem],
+                                 [p["answers"] for p in per_problem], bestof.sizes(best_of))
+    return {"model": model, **what, "problems": len(per_problem), "best_of": best_of, "selector": bestof.spec_name(select),
+            "verifier": bestof.spec_name(verifier_spec), "temperature": temperature, "seed": seed, "max_new_tokens": max_new_tokens,
+            "curve": curve, "per_problem": per_problem}

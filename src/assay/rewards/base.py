@@ -27,7 +27,8 @@ from assay.types import RewardResult, Trajectory
 class Reward(abc.ABC):
     """Base class of every reward. `kind` tells the executor how to run it."""
 
-    #: "cpu" for CPU-bound rule rewards, "io" for rewards that wait on a server.
+    #: "cpu" for CPU-bound rule rewards, "io" for rewards that wait on a server, "batch" for rewards
+    #: that score a whole batch in one call and bound their own time (model judges).
     kind: str = "cpu"
 
     @abc.abstractmethod

@@ -12,6 +12,9 @@
   that never returns cannot be killed, only abandoned).
 * `workers=0` scores CPU rewards inline in this process, with no deadline (tests, tiny
   rewards).
+* `kind == "batch"` rewards (the model judges of `assay.rewards.judge`) get the whole batch
+  in one `reward(batch)` call in this process: they see groups whole, run their own
+  concurrency and bound their own time (a per-request timeout that leaves an item unscored).
 
 A failed item scores `failure_score` (None: leave it out of baselines) with the reason in
 `error` and `info["reason"]` (`raised`, `timeout`, `crashed`); a result whose reward set
@@ -106,9 +109,10 @@ class RewardExecutor:
         start = time.perf_counter()
         if not batch:
             return []
-        if getattr(self.reward, "kind", "cpu") == "io":
+        kind = getattr(self.reward, "kind", "cpu")
+        if kind == "io":
             results = self._run_async(batch)
-        elif self.workers == 0:
+        elif self.workers == 0 or kind == "batch":
             results = self._score_inline(batch)
         else:
             results = self._score_pool(batch)

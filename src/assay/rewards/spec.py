@@ -37,7 +37,8 @@ def load_builtins() -> None:
     """Import every module that registers rewards, so names resolve."""
     import importlib
 
-    for mod in ("assay.rewards.math", "assay.rewards.text", "assay.rewards.transforms", "assay.rewards.monitors", "assay.data.tasks", "assay.rewards.code", "assay.rewards.sql", "assay.rm.reward"):
+    for mod in ("assay.rewards.math", "assay.rewards.text", "assay.rewards.transforms", "assay.rewards.monitors", "assay.data.tasks", "assay.rewards.code", "assay.rewards.sql", "assay.rm.reward",
+                "assay.rewards.judge", "assay.rewards.rubric"):
         try:
             importlib.import_module(mod)
         except ImportError as e:

@@ -211,11 +211,21 @@ class Chain(Reward):
         self.kind = reward.kind
 
     def score(self, traj: Trajectory) -> RewardResult:
-        r = score_safely(self.reward, traj)
+        return self._after(score_safely(self.reward, traj), traj)
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        if self.kind != "batch":  # a batch reward (a groupwise judge) must see the batch whole
+            return super().__call__(batch)
+        return [self._after(r, t) for r, t in zip(self.reward(batch), batch)]
+
+    def _after(self, r: RewardResult, traj: Trajectory) -> RewardResult:
         if r.error is not None or r.score is None:
             return r
-        for t in self.transforms:
-            r = t(r, traj)
+        try:
+            for t in self.transforms:
+                r = t(r, traj)
+        except Exception as e:  # a transform's bug fails this item, as in `score_safely`
+            return RewardResult.failed(f"{type(e).__name__}: {e}")
         return r
 
     def hparams(self) -> dict[str, Any]:
@@ -229,6 +239,30 @@ def _hp(r: Reward) -> dict[str, Any]:
     return {"name": type(r).__name__, **r.hparams()}
 
 
+def _kind(children) -> str:
+    """A composition's kind: `batch` when a child must see the batch whole, else `io` when a child waits on a server."""
+    kinds = {c.kind for c in children}
+    return "batch" if "batch" in kinds else "io" if "io" in kinds else "cpu"
+
+
+def _score_whole(composite: Reward, batch: list[Trajectory]) -> list[RewardResult]:
+    """`composite(batch)` with every child scoring the batch in one call first (a groupwise judge sees its groups)."""
+    scored = {}
+    for k, c in composite.components.items():  # type: ignore[attr-defined]
+        try:
+            out = c(batch)
+            if len(out) != len(batch):
+                raise ValueError(f"returned {len(out)} results for {len(batch)} items")
+        except Exception as e:  # a child's batch call that raises fails its items, not the batch
+            out = [RewardResult.failed(f"{type(e).__name__}: {e}") for _ in batch]
+        scored[k] = out
+    composite._batch = {id(t): {k: scored[k][i] for k in scored} for i, t in enumerate(batch)}  # type: ignore[attr-defined]
+    try:
+        return Reward.__call__(composite, batch)
+    finally:
+        composite._batch = None  # type: ignore[attr-defined]
+
+
 class _Composite(Reward):
     """Scores named children; fails when one fails, None when one is None."""
 
@@ -240,11 +274,15 @@ class _Composite(Reward):
         if not components:
             raise ValueError("needs at least one component")
         self.components = dict(components)
-        self.kind = "io" if any(c.kind == "io" for c in self.components.values()) else "cpu"
+        self.kind = _kind(self.components.values())
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        return _score_whole(self, batch) if self.kind == "batch" else super().__call__(batch)
 
     def children(self, traj: Trajectory) -> tuple[dict[str, RewardResult], RewardResult | None]:
         """Every child's result, and a result to return instead when one failed or was None."""
-        res = {k: score_safely(c, traj) for k, c in self.components.items()}
+        whole = getattr(self, "_batch", None)  # set while a batch is scored whole (`_score_whole`)
+        res = whole[id(traj)] if whole and id(traj) in whole else {k: score_safely(c, traj) for k, c in self.components.items()}
         for k, r in res.items():
             if r.error is not None:
                 failed = RewardResult.failed(f"component {k}: {r.error}", **r.info)
@@ -345,7 +383,10 @@ class Gate(Reward):
 
     def __init__(self, outcome: Reward, process: Reward, threshold: float = 1.0, weight: float = 1.0):
         self.outcome, self.process, self.threshold, self.weight = outcome, process, threshold, weight
-        self.kind = "io" if "io" in (outcome.kind, process.kind) else "cpu"
+        self.kind = _kind((outcome, process))
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        return _score_whole(self, batch) if self.kind == "batch" else super().__call__(batch)
 
     def score(self, traj: Trajectory) -> RewardResult:
         res, bad = _Composite.children(self, traj)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ Each field is documented where it is declared; `load_rm_config` turns any mistak
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -27,6 +27,8 @@ class RMDataConfig(Section):
     """Column mapping, for example `{prompt: question, chosen: good, rejected: bad}`."""
     max_length: int = Field(256, ge=8)
     """Longest sequence (prompt + response + EOS) in tokens; a longer one loses tokens from its start."""
+    step_separator: str = "\n"
+    """`kind=prm`: what joins a row's steps into its completion when the row names no `separator` of its own."""
 
 
 class RMLossConfig(Section):
@@ -54,7 +56,7 @@ class RMTrainConfig(Section):
     steps: int = Field(1000, ge=1)
     """Optimizer steps; each reads `batch_size` pairs (epochs wrap around, each in its own seeded order)."""
     batch_size: int = Field(64, ge=1)
-    """Pairs per step (2 × this many sequences per forward)."""
+    """Pairs per step (2 × this many sequences per forward); for `kind=prm`, step-labelled rows per step."""
     eval_every: int = Field(100, ge=0)
     """Held-out pairwise accuracy every this many steps and at the end (0: only at the end)."""
     save_every: int = Field(200, ge=0)
@@ -71,6 +73,9 @@ class RMTrainConfig(Section):
 class RMConfig(Section):
     """A whole `assay rm train` run."""
 
+    kind: Literal["orm", "prm"] = "orm"
+    """`orm`: an outcome model on preference pairs (Bradley–Terry); `prm`: a process reward model on
+    step-labelled rows (`assay rm label-steps`, PRM800K), a score per step trained with binary cross-entropy."""
     seed: int = 0
     """Seeds the score head, the held-out split and the order of the pairs."""
     output_dir: str = "runs"
@@ -92,7 +97,8 @@ class RMConfig(Section):
     def _needs_data(self) -> "RMConfig":
         if not self.data.path:
             raise ValueError("invalid config value data.path=None: give the training pairs, for example data.path=pairs.jsonl "
-                             "(`assay rm pairs --out pairs.jsonl` builds some from the bundled task)")
+                             "(`assay rm pairs --out pairs.jsonl` builds some from the bundled task; for kind=prm, "
+                             "`assay rm label-steps --out steps.jsonl` builds step labels)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"invalid config value dtype={self.dtype!r}: allowed float32, bfloat16, float16")
         return self

@@ -84,6 +84,15 @@ def load_rm(path: str | Path, device: str = "cpu") -> tuple[Any, Any, dict[str, 
     return model.to(device).eval(), tok, meta
 
 
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """`assay_rm.json` of a reward-model folder (or of a run's `final/`); `{}` when there is none."""
+    folder = Path(path)
+    for f in (folder / "final" / RM_FILE, folder / RM_FILE):
+        if f.is_file():
+            return json.loads(f.read_text())
+    return {}
+
+
 def save_rm(folder: Path, model, tokenizer, meta: dict[str, Any]) -> None:
     """Write the Hugging Face folder and `assay_rm.json`."""
     quiet_hf()

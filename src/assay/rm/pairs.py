@@ -10,10 +10,13 @@ rejected 0; a candidate that fails is never written):
 | `near_miss` | the answer ± 1, ± 2 or ± 10 |
 | `carry` | the sum with every carry forgotten (`+`-only problems; the mistake the bundled model was taught), else a near miss |
 | `random` | another integer in the answer's range |
-| `longer` | length-confounded: a wrong integer with more digits than the answer (a digit inserted or appended) |
+| `longer` | length-confounded: a wrong integer with more digits than the answer, drawn from the range of the split's real answers, so its size alone never gives it away |
 | `shorter` | a wrong integer with fewer digits (a digit dropped), so that length alone never decides a pair |
 
-The same `(task, split, n, seed)` gives the same file. `assay rm pairs --out FILE` writes it.
+The range of real answers is that of the split's first `RANGE_PROBLEMS` problems. A problem
+whose answer already has as many digits as the largest real answer cannot have a plausible
+longer wrong answer; the drawn `longer` then waits for the next problem that can, so the mix
+is kept. The same `(task, split, n, seed)` gives the same file. `assay rm pairs --out FILE` writes it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from assay.types import Sample, Trajectory
 KINDS = ("near_miss", "carry", "random", "longer", "shorter")
 #: how often each kind is drawn by default
 DEFAULT_MIX = {"near_miss": 0.3, "carry": 0.2, "random": 0.1, "longer": 0.25, "shorter": 0.15}
+#: problems whose answers give the range a `longer` wrong answer is drawn from
+RANGE_PROBLEMS = 2000
 
 
 def forgotten_carry(nums: list[int]) -> int:
@@ -40,8 +45,36 @@ def forgotten_carry(nums: list[int]) -> int:
     return int("".join(map(str, digits)))
 
 
-def wrong_answer(kind: str, gold: int, sample: Sample, rng: random.Random) -> int:
-    """One candidate wrong answer of `kind` (the caller checks it is wrong)."""
+def answer_range(task: Any, split: str, seed: int) -> tuple[int, int]:
+    """`(lowest, highest)` integer answer over the first `RANGE_PROBLEMS` problems of `split`."""
+    values = [int(str(s.answer).strip()) for s, _ in zip(task.stream(split, seed), range(RANGE_PROBLEMS))]
+    return min(values), max(values)
+
+
+def longer_plausible(gold: int, lo: int, hi: int, rng: random.Random) -> int | None:
+    """A wrong integer in `[lo, hi]` with more characters than `gold`, or None when there is none.
+
+    >>> longer_plausible(63, 0, 198, random.Random(0)) in range(100, 199)
+    True
+    >>> longer_plausible(104, 0, 198, random.Random(0)) is None
+    True
+    """
+    width = len(str(gold))
+    spans = []  # the parts of [lo, hi] whose integers are written with more characters than gold
+    if hi >= 10**width:
+        spans.append((max(lo, 10**width), hi))
+    if lo <= -(10 ** (width - 1)):
+        spans.append((lo, min(hi, -(10 ** (width - 1)))))
+    spans = [(a, b) for a, b in spans if a <= b]
+    if not spans:
+        return None
+    a, b = rng.choices(spans, [b - a + 1 for a, b in spans])[0]
+    return rng.randint(a, b)
+
+
+def wrong_answer(kind: str, gold: int, sample: Sample, rng: random.Random, span: tuple[int, int] = (0, 0)) -> int | None:
+    """One candidate wrong answer of `kind` (the caller checks it is wrong); `longer` needs `span`, the real answers' range,
+    and is None when no plausible longer answer exists."""
     if kind == "carry" and set(sample.fields.get("ops", "")) == {"+"} and all(n >= 0 for n in sample.fields.get("nums", [])):
         c = forgotten_carry(sample.fields["nums"])
         if c != gold:
@@ -53,11 +86,7 @@ def wrong_answer(kind: str, gold: int, sample: Sample, rng: random.Random) -> in
         hi = max(10, 2 * abs(gold))
         return rng.randint(-hi if gold < 0 else 0, hi)
     if kind == "longer":
-        s = str(abs(gold))
-        pos = rng.randint(0, len(s))
-        digit = str(rng.randint(1 if pos == 0 else 0, 9))
-        value = int(s[:pos] + digit + s[pos:])
-        return -value if gold < 0 else value
+        return longer_plausible(gold, *span, rng)
     if kind == "shorter":
         s = str(abs(gold))
         if len(s) < 2:
@@ -88,8 +117,9 @@ def build_pairs(task: str = "arithmetic", task_args: dict[str, Any] | None = Non
     rng = random.Random(f"rm-pairs:{task}:{split}:{seed}")
     kinds, weights = zip(*mix.items())
     rows: list[dict[str, Any]] = []
-    stream = t.stream(split, seed)
-    for sample in stream:
+    span: tuple[int, int] | None = None
+    kind = rng.choices(kinds, weights)[0]
+    for sample in t.stream(split, seed):
         if len(rows) == n:
             break
         gold_text = str(sample.answer).strip()
@@ -99,16 +129,19 @@ def build_pairs(task: str = "arithmetic", task_args: dict[str, Any] | None = Non
             raise AssayError(f"task {task!r}: answers are not integers ({gold_text[:40]!r}); pairs are built for integer-answer tasks") from None
         if _verified(reward, sample, gold_text) != 1.0:
             raise AssayError(f"task {task!r}: its verifier does not accept its own answer {gold_text!r} for {sample.prompt!r}")
-        kind = rng.choices(kinds, weights)[0]
+        if kind == "longer" and span is None:
+            span = answer_range(t, split, seed)
         for _ in range(20):
-            wrong = str(wrong_answer(kind, gold, sample, rng))
+            value = wrong_answer(kind, gold, sample, rng, span or (gold, gold))
+            if value is None:
+                break  # no plausible longer answer for this problem: the kind waits for the next one
+            wrong = str(value)
             fits = (kind != "longer" or len(wrong) > len(gold_text)) and (kind != "shorter" or len(wrong) < len(gold_text) or len(gold_text.lstrip("-")) < 2)
             if wrong != gold_text and fits and _verified(reward, sample, wrong) == 0.0:
+                rows.append({"id": f"{sample.id}-{len(rows)}", "prompt": sample.prompt, "chosen": gold_text, "rejected": wrong,
+                             "subset": kind, "answer": sample.answer})
+                kind = rng.choices(kinds, weights)[0]
                 break
-        else:
-            continue
-        rows.append({"id": f"{sample.id}-{len(rows)}", "prompt": sample.prompt, "chosen": gold_text, "rejected": wrong, "subset": kind,
-                     "answer": sample.answer})
     if len(rows) < n:
         raise AssayError(f"task {task!r} split {split!r} has only {len(rows)} problems for pairs; ask for fewer (--n {len(rows)})")
     return rows

@@ -1,4 +1,5 @@
-"""A trained reward model as a reward: `reward: {name: rm, args: {path: RUN_DIR or MODEL_DIR}}`.
+"""A trained reward model as a reward: `reward: {name: rm, args: {path: RUN_DIR or MODEL_DIR}}`, and a process
+reward model as `{name: prm, args: {path: ..., reduce: min}}` (per-step scores and spans, reduced to one).
 
 The score of a completion is the reward model's scalar on the prompt followed by the
 completion (the text, tokenised by the reward model's own tokenizer, whatever the policy's).
@@ -79,3 +80,81 @@ class RMReward(Reward):
                     r.components["verifier"] = float(check.score)
         return results
 
+
+
+@REWARDS.register("prm")
+class PRMReward(Reward):
+    """A trained process reward model (`assay rm train kind=prm`): a score per step, reduced to one.
+
+    Each step of the completion (cut with `split`) is scored σ(logit) at its last token; the
+    result's `steps` and `spans` hold them, and its score is their `reduce`: `min` by default,
+    the min-form credit of "Stop Summation: Min-Form Credit Assignment Is All Process Reward
+    Model Needs for Reasoning" (Cheng et al., arXiv 2504.15275), a solution worth its weakest
+    step; `mean`, `last`, `prod` otherwise. A completion without a step (empty or blank)
+    cannot be scored: `score=None`, `info.reason`.
+
+    Args:
+        path: the model folder, or the run folder whose `final/` holds it.
+        reduce: `min`, `mean`, `last` or `prod`.
+        split: how completions are cut (`newline`, `chars:N`, a marker, `module:function`);
+            default: the split the model's training rows were cut with, else `newline`.
+        device, batch_size: where the model runs, and completions per forward.
+    """
+
+    preload = ("assay.rm.prm",)
+
+    def __init__(self, path: str, reduce: str = "min", split: str | None = None, device: str = "cpu", batch_size: int = 64):
+        from assay.rm.prm import REDUCES
+        from assay.rm.steps import check_split
+
+        p = Path(path)
+        if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
+            raise ValueError(f"path {path!r} holds no reward model (expected the folder `assay rm train kind=prm` wrote, or its run folder)")
+        if reduce not in REDUCES:
+            raise ValueError(f"reduce {reduce!r}: use one of {', '.join(REDUCES)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if split is not None:
+            check_split(split)
+        self.path, self.reduce, self.split, self.device, self.batch_size = str(path), reduce, split, device, batch_size
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        return self._score([traj])[0]
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        if not batch:
+            return []
+        try:
+            return self._score(batch)
+        except Exception:  # one bad item fails alone, never the batch
+            return [score_safely(self, t) for t in batch]
+
+    def _score(self, batch: list[Trajectory]) -> list[RewardResult]:
+        from assay.rm.prm import reduce_steps, score_completions
+
+        model, encoder, split = loaded_prm(self.path, self.device)
+        per = score_completions(model, encoder, [(t.sample.prompt, t.completion) for t in batch], self.split or split, self.batch_size)
+        out = []
+        for steps in per:
+            if not steps:
+                out.append(RewardResult(None, info={"reason": "no steps in the completion"}))
+                continue
+            scores = [s for s, _ in steps]
+            out.append(RewardResult(reduce_steps(scores, self.reduce), steps=scores, spans=[span for _, span in steps]))
+        return out
+
+
+#: (folder, device) → (model, step encoder, split of its training rows)
+_LOADED_PRM: dict[tuple[str, str], tuple[Any, Any, str]] = {}
+
+
+def loaded_prm(path: str, device: str) -> tuple[Any, Any, str]:
+    """`(model, StepEncoder, split)` of the process reward model at `path`, loaded on first use in this process."""
+    key = (str(Path(path).resolve()), device)
+    if key not in _LOADED_PRM:
+        from assay.rm.model import load_rm
+        from assay.rm.prm import StepEncoder
+
+        model, tok, meta = load_rm(path, device)
+        _LOADED_PRM[key] = (model, StepEncoder(tok, int(meta.get("max_length", 256))), meta.get("split") or "newline")
+    return _LOADED_PRM[key]

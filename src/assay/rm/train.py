@@ -50,12 +50,42 @@ class RMProgress(RunProgress):
     """The run's progress bar, showing loss and accuracy."""
 
     def update(self, step: int, m: dict[str, Any]) -> None:
-        info = f"loss {_f(m.get('rm/loss'))}  acc {_f(m.get('rm/accuracy'))}  held-out {_f(m.get('eval/pair_accuracy'))}"
+        held = m.get("eval/pair_accuracy", m.get("eval/step_accuracy"))
+        info = f"loss {_f(m.get('rm/loss'))}  acc {_f(m.get('rm/accuracy'))}  held-out {_f(held)}"
         self.progress.update(self.task, completed=step, info=info)
 
 
+def _objective(cfg: RMConfig) -> tuple[Any, Any, Any]:
+    """`(train_step, evaluate, encoder class)` of the config's `kind`: Bradley–Terry pairs, or step labels (`assay.rm.prm`)."""
+    if cfg.kind == "prm":
+        from assay.rm import prm
+
+        return prm.train_step, prm.evaluate_prm, prm.StepEncoder
+    return train_step, evaluate_rm, Encoder
+
+
+def load_steps(cfg: RMConfig) -> tuple[list, list]:
+    """`kind=prm`: `(training rows, held-out rows)` of step-labelled data, split by prompt like pairs are."""
+    from assay.rm.steps import read_step_rows
+
+    rows = read_step_rows(cfg.data.path, cfg.data.step_separator)  # type: ignore[arg-type]
+    if cfg.data.eval_path:
+        heldout = read_step_rows(cfg.data.eval_path, cfg.data.step_separator)
+        keys = {repr(r.prompt) for r in heldout}
+        train = [r for r in rows if repr(r.prompt) not in keys]
+        if len(train) < len(rows):
+            log.warning(f"{cfg.data.path}: {len(rows) - len(train)} rows share a prompt with data.eval_path and are left out of training")
+    else:
+        train, heldout = split_by_prompt(rows, cfg.data.eval_fraction, cfg.seed)  # type: ignore[arg-type]
+    if not train:
+        raise AssayError(f"{cfg.data.path}: no training rows left after holding out {len(heldout)} rows (lower data.eval_fraction)")
+    return train, heldout
+
+
 def load_data(cfg: RMConfig) -> tuple[list[Pair], list[Comparison]]:
-    """`(training pairs, held-out comparisons)` as the config says."""
+    """`(training pairs, held-out comparisons)` as the config says (step-labelled rows for `kind=prm`)."""
+    if cfg.kind == "prm":
+        return load_steps(cfg)
     comps = read_comparisons(cfg.data.path, cfg.data.fields)  # type: ignore[arg-type]
     if cfg.data.eval_path:
         heldout = read_comparisons(cfg.data.eval_path, cfg.data.fields)
@@ -105,8 +135,9 @@ def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pa
     """Train step `step`, evaluate when due, log its row into `last` and the sink; True when it is the run's last step."""
     t0 = time.perf_counter()
     batch = [pairs[i] for i in batch_indices(len(pairs), cfg.train.batch_size, cfg.seed, step - 1)]
+    step_fn, eval_fn, _ = _objective(cfg)
     last.clear()
-    last.update(train_step(model, encoder, batch, cfg, opt, sched))
+    last.update(step_fn(model, encoder, batch, cfg, opt, sched))
     last["rm/step_seconds"] = time.perf_counter() - t0
     last["rm/epoch"] = (step * cfg.train.batch_size) / len(pairs)
     out_of_time = bool(cfg.train.time_limit) and time.perf_counter() - started >= cfg.train.time_limit and step < steps
@@ -115,7 +146,7 @@ def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pa
         last["rm/stopped_early"] = 1.0
     every = cfg.train.eval_every
     if heldout and ((every and step % every == 0) or end):
-        last.update(evaluate_rm(model, encoder, heldout))
+        last.update(eval_fn(model, encoder, heldout))
     last["rm/elapsed_seconds"] = time.perf_counter() - started
     sink.log(step, last)
     bar.update(step, last)
@@ -165,7 +196,8 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
         torch.set_num_threads(cfg.train.threads)
     pairs, heldout = load_data(cfg)
     model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
-    encoder = Encoder(tok, cfg.data.max_length)
+    _, eval_fn, encoder_cls = _objective(cfg)
+    encoder = encoder_cls(tok, cfg.data.max_length)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
                             fused=cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda"))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.optim.warmup_steps))
@@ -175,7 +207,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
     if start >= steps:
         log.warning(f"{run_dir}: already trained {start} of {steps} steps; nothing to do (raise train.steps to go on)")
     if start == 0 and heldout:
-        sink.log(0, evaluate_rm(model, encoder, heldout))
+        sink.log(0, eval_fn(model, encoder, heldout))
     model.train()
     last: dict[str, Any] = {}
     done, saved = start, start
@@ -201,19 +233,31 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
             sink.close()
     model.eval()
     final = run_dir / "final"
-    save_rm(final, model, tok, {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "train_pairs": len(pairs),
-                                "heldout_rows": len(heldout), "loss": cfg.loss.model_dump()})
-    summary = {"steps": steps, "train pairs": len(pairs), "held-out rows": len(heldout),
+    meta = {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "heldout_rows": len(heldout), "kind": cfg.kind,
+            "train_rows" if cfg.kind == "prm" else "train_pairs": len(pairs)}
+    if cfg.kind == "orm":
+        meta["loss"] = cfg.loss.model_dump()
+    if cfg.kind == "prm":  # how the rows were cut, so the `prm` reward cuts completions the same way
+        splits = {r.split for r in pairs}
+        meta.update(step_separator=cfg.data.step_separator, split=splits.pop() if len(splits) == 1 else None)
+    save_rm(final, model, tok, meta)
+    summary = {"steps": steps, f"train {'rows' if cfg.kind == 'prm' else 'pairs'}": len(pairs), "held-out rows": len(heldout),
                **{k: v for k, v in last.items() if k.startswith("eval/")}, "reward model": str(final)}
     write_report(run_dir, cfg.model_dump(mode="json"), summary, report_plots(run_dir))
     return RMResult(run_dir, final, last)
 
 
 def report_plots(run_dir: Path) -> dict[str, tuple[str, list[tuple[str, str]]]]:
-    """The run report's plots: training loss and batch accuracy; held-out pairwise accuracy, overall and per subset."""
+    """The run report's plots: training loss and batch accuracy; held-out pairwise accuracy, overall and per subset
+    (for `kind=prm`: held-out step accuracy and first-error F1)."""
     from assay.report.metrics import read_metrics
 
-    subsets = sorted({k for r in read_metrics(run_dir / "metrics.jsonl") for k in r if k.startswith("eval/pair_accuracy/")})
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if any("eval/step_accuracy" in r for r in rows):  # kind=prm
+        return {"rm_loss.png": ("Training step BCE and batch step accuracy", [("rm/loss", "BCE"), ("rm/accuracy", "batch step accuracy")]),
+                "heldout_step_accuracy.png": ("Held-out step accuracy and first-error F1",
+                                              [("eval/step_accuracy", "step accuracy"), ("eval/first_error_f1", "first-error F1")])}
+    subsets = sorted({k for r in rows for k in r if k.startswith("eval/pair_accuracy/")})
     return {
         "rm_loss.png": ("Training loss and batch accuracy", [("rm/loss", "loss"), ("rm/accuracy", "batch pairwise accuracy")]),
         "heldout_pair_accuracy.png": ("Held-out pairwise accuracy",

@@ -1,0 +1,286 @@
+"""`assay serve model PATH`: a Hugging Face causal LM behind a small OpenAI-compatible server.
+
+For tests and CPU work where vLLM is not installed: the judge rewards
+(`assay.rewards.judge`) and `rollout.backend=openai` talk to it as to any
+OpenAI-compatible server. Generation runs through `transformers`' `generate`, one request
+at a time (a lock), on the device given (CPU by default).
+
+* `GET /v1/models` -> `{"object": "list", "data": [{"id": NAME, "object": "model", ...}]}`
+* `POST /v1/completions` with `prompt` (a string, or a list of token ids), `max_tokens`,
+  `temperature` (0: greedy), `top_p`, `n`, `seed`, `stop` (a string or a list of them) ->
+  `{"choices": [{"index", "text", "finish_reason", "logprobs": null}], "usage": {...}}`.
+* `POST /v1/chat/completions` with `messages`, rendered by the tokenizer's chat template
+  (generation prompt added); a model without a template is a 400 that says so.
+* `GET /health` -> `{"status": "ok", "model", "requests"}`.
+
+`finish_reason` is `stop` when the model sampled EOS or the text reached a stop string (cut
+before it), else `length`. A body that is not JSON, a field of the wrong type or a prompt
+too long for the model's context is a 400 `{"error": {"message": one line}}` (OpenAI's
+shape); a `model` other than the served name a 404.
+
+    >>> stop_at("46\\nnext", ["\\n"])
+    ('46', True)
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from assay.errors import AssayError
+
+MAX_BODY = 8 * 2**20  # bytes: a larger request body is refused (413)
+MAX_N = 64  # most completions in one request
+
+
+class BadRequest(Exception):
+    """A request the server refuses; `status` is its HTTP code, the message one line."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def stop_at(text: str, stops: list[str]) -> tuple[str, bool]:
+    """`text` cut before the earliest stop string, and whether one was found."""
+    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def _number(body: dict[str, Any], key: str, default: float, low: float, high: float, integer: bool = False) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+        raise BadRequest(f"'{key}' must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not low <= value <= high:
+        raise BadRequest(f"'{key}' must be in [{low:g}, {high:g}], got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequest(f"'stop' must be a string or a list of strings, got {stop!r}")
+    return stops
+
+
+class ModelService:
+    """Holds the model and tokenizer; turns a parsed request body into a reply (BadRequest for a bad one).
+
+    Args:
+        path: a bundled model name or a Hugging Face causal LM folder.
+        name: the model id clients send and `/v1/models` lists (default: `path` as given, as vLLM does).
+        max_new_tokens: the most tokens one completion may have (a larger `max_tokens` is cut to it).
+        device: where the model runs. chat_template: a Jinja file or text replacing the tokenizer's.
+    """
+
+    def __init__(self, path: str, name: str | None = None, max_new_tokens: int = 256, device: str = "cpu", chat_template: str | None = None):
+        from assay.models import load_policy, resolve_model_path
+
+        if max_new_tokens < 1:
+            raise AssayError(f"serve model: --max-new-tokens must be >= 1, got {max_new_tokens}")
+        resolve_model_path(path)  # a missing folder is one clear line before anything loads
+        self.model, self.tokenizer = load_policy(path, device=device, chat_template=chat_template)
+        self.model.eval()
+        self.name = name or path  # as vLLM names a model: the path as given
+        self.max_new_tokens, self.device = max_new_tokens, device
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        self.requests = 0
+        self._lock = threading.Lock()  # one generate at a time: the model is not shared between threads
+
+    # ---------------------------------------------------------------- routes
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "assay"}]}
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.name, "requests": self.requests}
+
+    def post(self, path: str, body: Any) -> dict[str, Any]:
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            raise BadRequest(f"no such endpoint {path}; POST /v1/completions or /v1/chat/completions", 404)
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.name:
+            raise BadRequest(f"model {model!r} is not served here; served: {self.name!r}", 404)
+        chat = path == "/v1/chat/completions"
+        ids = self._chat_ids(body) if chat else self._prompt_ids(body)
+        n = _number(body, "n", 1, 1, MAX_N, integer=True)
+        max_tokens = min(_number(body, "max_tokens", 16, 1, 2**31, integer=True), self.max_new_tokens)
+        temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
+        top_p = _number(body, "top_p", 1.0, 1e-6, 1.0)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise BadRequest(f"'seed' must be an integer, got {seed!r}")
+        stops = _stops(body)
+        if self.context and len(ids) + max_tokens > self.context:
+            raise BadRequest(f"the prompt's {len(ids)} tokens + max_tokens {max_tokens} exceed the model's context of {self.context} tokens")
+        outs = self._generate(ids, n, max_tokens, temperature, top_p, seed)
+        choices, produced = [], 0
+        for i, out in enumerate(outs):
+            produced += len(out)
+            eos = bool(out) and out[-1] == self.tokenizer.eos_token_id
+            text, stopped = stop_at(self.tokenizer.decode(out, skip_special_tokens=True), stops)
+            reason = "stop" if eos or stopped else "length"
+            if chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason})
+            else:
+                choices.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
+        return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.name, "choices": choices,
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": produced, "total_tokens": len(ids) * n + produced}}
+
+    # ---------------------------------------------------------------- prompts
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]  # OpenAI allows a batch of prompts; one is taken as it is
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = len(self.tokenizer)
+            if any(not 0 <= t < vocab for t in prompt):
+                raise BadRequest(f"'prompt' token ids must be in [0, {vocab})")
+            ids = list(prompt)
+        else:
+            raise BadRequest(f"'prompt' must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise BadRequest("'prompt' is empty")
+        return ids
+
+    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
+            raise BadRequest("'messages' must be a non-empty list of {role, content} objects with string values")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest(f"model {self.name!r} has no chat template; use /v1/completions, or start the server with --chat-template FILE")
+        try:
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        except Exception as e:  # a template's own errors (raise_exception, a role it does not know)
+            raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}".splitlines()[0]) from None
+        return list(out["input_ids"])
+
+    # ---------------------------------------------------------------- generation
+
+    def _generate(self, ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None) -> list[list[int]]:
+        """`n` completions of `ids`, each cut after its first EOS `[n][≤ max_tokens]`."""
+        import torch
+
+        sample = temperature > 0
+        kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": sample, "num_return_sequences": n if sample else 1,
+                                  "pad_token_id": self.tokenizer.pad_token_id, "eos_token_id": self.tokenizer.eos_token_id}
+        if sample:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        x = torch.tensor([ids], device=self.device)  # [1, P]
+        with self._lock, torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[:, len(ids):]  # [n, T]
+            self.requests += 1
+        rows = out.tolist() if sample else out.tolist() * n  # greedy: n copies of the one completion
+        result = []
+        for row in rows:
+            eos = self.tokenizer.eos_token_id
+            result.append(row[: row.index(eos) + 1] if eos in row else row)
+        return result
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        if path == "/v1/models":
+            self._send(200, self.server.service.models())
+        elif path == "/health":
+            self._send(200, self.server.service.health())
+        else:
+            self._error(404, f"no such endpoint {self.path}; GET /v1/models or /health")
+
+    def do_POST(self) -> None:
+        try:
+            self._send(200, self.server.service.post(self.path.split("?")[0], self._read_json()))
+        except BadRequest as e:
+            self._error(e.status, str(e))
+        except Exception as e:  # a server bug answers 500 for this request; the server goes on
+            self._error(500, f"{type(e).__name__}: {e}".splitlines()[0])
+
+    def _read_json(self) -> Any:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise BadRequest("need a Content-Length header", 411)
+        if int(length) > MAX_BODY:
+            raise BadRequest(f"body of {length} bytes is over the {MAX_BODY}-byte limit", 413)
+        try:
+            return json.loads(self.rfile.read(int(length)))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(f"bad JSON: {e}") from None
+
+    def _error(self, status: int, message: str) -> None:
+        self._send(status, {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": status}})
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status >= 400:
+            self.send_header("Connection", "close")  # the unread rest of a refused body must not be read as a request
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # no line per request on stderr
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a request stuck at shutdown does not hold the process
+    service: ModelService
+
+
+def serve_model(path: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, max_new_tokens: int = 256,
+                device: str = "cpu", chat_template: str | None = None, ready: Callable[[str], None] | None = None) -> int:
+    """Serve the model at `path` until SIGINT or SIGTERM; returns 0 after a clean stop.
+
+    Prints `assay: serving model NAME on http://HOST:PORT` (the bound port, so `--port 0`
+    works) to stdout once the server accepts connections.
+    """
+    service = ModelService(path, name=name, max_new_tokens=max_new_tokens, device=device, chat_template=chat_template)
+    try:
+        server = _Server((host, port), _Handler)
+    except OSError as e:
+        raise AssayError(f"serve model: cannot listen on {host}:{port}: {e.strerror}") from None
+    server.service = service
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="assay-serve-model", daemon=True)
+    thread.start()
+    address = f"http://{server.server_address[0]}:{server.server_address[1]}"
+    (ready or (lambda a: print(f"assay: serving model {service.name} on {a}", flush=True)))(address)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    print("assay: server stopped", file=sys.stderr)
+    return 0
