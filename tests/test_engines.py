@@ -189,3 +189,21 @@ def test_multi_turn_episodes_on_the_engine_are_token_exact(engine_sampler, bundl
         lp, _ = learner.token_logprobs(model, batch, 1.0, fast=True)
     diff = ((lp - batch.old_logprobs).abs() * batch.mask).sum() / batch.mask.sum()
     assert diff < 1e-3
+
+
+def test_the_judge_scores_through_vllm_serve(vllm_server):
+    """The `judge` reward against a real `vllm serve` of the bundled model: ratings parsed and scaled, off-scale unscored,
+    the pairwise verdict read, and the reply cache hit on a repeat (the engine is not asked again)."""
+    from assay.models import resolve_model_path
+    from assay.rewards.judge import Judge
+    from assay.types import Sample, Trajectory
+
+    def traj(completion: str, group: int = 0) -> Trajectory:
+        return Trajectory(Sample(str(group), "q", "5"), completion, [], [], [], True, group=group)
+
+    model = str(resolve_model_path("tiny-arith"))
+    judge = Judge(vllm_server, model=model, api="completions", template="{completion}+0=", low=0, high=10, max_tokens=4)
+    results = judge([traj("7"), traj("3", 1), traj("95", 2)])  # the bundled model adds: "7+0=" -> 7
+    assert [r.score for r in results] == [0.7, 0.3, None] and results[2].info["reason"] == "unparsable"
+    again = judge([traj("7")])[0]
+    assert again.score == 0.7 and again.info.get("cached") is True

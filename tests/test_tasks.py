@@ -14,7 +14,10 @@ def traj(sample, completion):
     return Trajectory(sample, completion, [], [], [], True)
 
 
-TASK_CASES = [("arithmetic", {}), ("arithmetic", {"terms": 4, "ops": "+-*", "max_value": 20}), ("countdown", {}), ("countdown", {"count": 4, "max_value": 25})]
+CALC_MIX = {"parts": [{"task": "arithmetic", "args": {"min_value": 1000, "max_value": 9999}},
+                      {"task": "arithmetic", "args": {"min_value": 10, "ops": "*"}, "weight": 3}]}
+TASK_CASES = [("arithmetic", {}), ("arithmetic", {"terms": 4, "ops": "+-*", "max_value": 20}), ("countdown", {}), ("countdown", {"count": 4, "max_value": 25}),
+              ("mix", CALC_MIX)]
 
 
 @pytest.mark.parametrize("name,args", TASK_CASES)
@@ -55,6 +58,8 @@ def test_arithmetic_values():
 def test_arithmetic_bad_args():
     with pytest.raises(AssayError):
         make_task("arithmetic", ops="/")
+    with pytest.raises(AssayError, match="min_value=100, max_value=99"):
+        make_task("arithmetic", min_value=100)
     with pytest.raises(AssayError, match="unknown task"):
         make_task("nope")
     assert "countdown" in TASKS.names()
@@ -80,3 +85,28 @@ def test_countdown_counts_numbers():
     assert reward([traj(twice, "5+5+2")])[0].score == 1.0
     assert reward([traj(Sample("e", "", "", {"nums": [5, 2], "target": 7}), "5+5-3")])[0].info["reason"] == "numbers_not_allowed"
     assert reward([traj(Sample("f", "", "", {}), "1")])[0].score is None
+
+
+def test_mix_draws_each_part_by_weight():
+    samples = list(itertools.islice(make_task("mix", **CALC_MIX).stream("train", 0), 4000))
+    sums = [s for s in samples if s.fields["ops"] == "+"]
+    products = [s for s in samples if s.fields["ops"] == "*"]
+    assert all(1000 <= n <= 9999 for s in sums for n in s.fields["nums"]) and all(10 <= n <= 99 for s in products for n in s.fields["nums"])
+    assert 0.2 < len(sums) / len(samples) < 0.3  # weights 1 and 3
+
+
+def test_mix_bad_parts():
+    with pytest.raises(AssayError, match="share one verifier; got arithmetic, countdown"):
+        make_task("mix", parts=[{"task": "arithmetic"}, {"task": "countdown"}])
+    with pytest.raises(AssayError, match="parts is a list"):
+        make_task("mix", parts=[{"name": "arithmetic"}])
+    with pytest.raises(AssayError, match="unknown task"):
+        make_task("mix", parts=[{"task": "nope"}])
+
+
+def test_mix_docstring_example():
+    import doctest
+
+    import assay.data.tasks.mix
+
+    assert doctest.testmod(assay.data.tasks.mix).failed == 0

@@ -2,10 +2,11 @@
 
 A recipe folder `recipes/NAME/` holds `recipe.yaml` and, once built, `model/` (a Hugging
 Face folder) with `eval.json`, the held-out figures measured right after the build.
-
-A recipe either builds a model from scratch (`model:` its size) or continues from another
-bundled model (`base: tiny-arith`, optionally `add_chars:`, characters appended to the
-tokenizer, such as the newline that `tiny-steps` writes between lines).
+A recipe trains from scratch (`model:`, its size) or from another bundled model (`base:`,
+optionally `add_chars:`, characters appended to its character tokenizer, such as the newline
+that `tiny-steps` writes between lines), on noisy (prompt, answer) pairs (`noise:`,
+`corruption:`; `assay.recipes.noisy`) or on episodes of an environment (`env:`, `demos:`;
+`assay.recipes.demos`), whose `eval.json` then holds the held-out accuracy with the tool and without it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def from_base(base: str, add_chars: str, seed: int):
 
     from assay.models import ALPHABET, load_policy
 
-    model, base_tok = load_policy(base)
+    model, base_tok = load_policy(str(BUNDLED_DIR / base / "model"))
     if not add_chars:
         return model, base_tok
     tok = build_char_tokenizer(ALPHABET + add_chars)
@@ -74,15 +75,11 @@ def from_base(base: str, add_chars: str, seed: int):
 
 
 def build_bundled(name: str, out: str | None = None, seed: int | None = None, log=print) -> Path:
-    """Train the recipe's model from scratch and save it (with `eval.json`) to `out`."""
+    """Train the recipe's model (from scratch, or from the bundled model `base:`) and save it (with `eval.json`) to `out`."""
     import torch
     from rich.progress import Progress
 
     from assay.data.tasks import make_task
-    from assay.eval.policy import evaluate
-    from assay.rewards.base import REWARDS
-    from assay.rollout.torch_sampler import TorchSampler
-    from assay.recipes.noisy import noisy_answers
     from assay.train.sft import SFTConfig, sft
 
     quiet_hf()
@@ -91,7 +88,7 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     out_dir = Path(out) if out else BUNDLED_DIR / name / "model"
     torch.set_num_threads(recipe.get("threads", 1))  # one thread: the same weights on any machine
     task = make_task(recipe["task"], **recipe["task_args"])
-    if "base" in recipe:
+    if recipe.get("base"):
         model, tok = from_base(recipe["base"], recipe.get("add_chars", ""), seed)
     else:
         tok = build_char_tokenizer()
@@ -99,17 +96,62 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     rng = random.Random(seed)
     stream = task.stream("train", seed)
     cfg = SFTConfig(seed=seed, **recipe["sft"])
-    batches = (list(noisy_answers(itertools.islice(stream, cfg.batch_size), recipe["noise"], recipe["corruption"], rng)) for _ in itertools.count())
+    batches, encode = _batches(recipe, task, tok, stream, cfg.batch_size, rng)
     start = time.time()
     with Progress(transient=True) as bar:
         job = bar.add_task(f"pretrain {name}", total=cfg.steps)
-        sft(model, tok, batches, cfg, on_step=lambda s, loss: bar.update(job, completed=s + 1, description=f"pretrain {name} loss {loss:.3f}"))
-    ev = recipe["eval"]
-    result = evaluate(TorchSampler(model, tok), REWARDS.get(task.reward)(), task.heldout(ev["n"]), ev["max_new_tokens"], k=ev["k"], seed=seed)
+        sft(model, tok, batches, cfg, on_step=lambda s, loss: bar.update(job, completed=s + 1, description=f"pretrain {name} loss {loss:.3f}"),
+            encode=encode)
+    result = _evaluate(recipe, task, model, tok, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
-    figures = {"recipe": name, "seed": seed, "seconds": round(time.time() - start, 1), "params": sum(p.numel() for p in model.parameters()), **result.as_dict()}
+    figures = {"recipe": name, "seed": seed, "seconds": round(time.time() - start, 1), "params": sum(p.numel() for p in model.parameters()), **result}
     (out_dir / "eval.json").write_text(json.dumps(figures, indent=2) + "\n")
     log(f"saved {out_dir}: " + ", ".join(f"{k}={v}" for k, v in figures.items()), file=sys.stderr) if log is print else log(figures)
     return out_dir
+
+
+def _batches(recipe: dict[str, Any], task, tok, stream, batch_size: int, rng: random.Random):
+    """The SFT batches of a recipe and their encoder: noisy (prompt, answer) pairs, or episodes of `env:` (`demos:`)."""
+    if "env" not in recipe:
+        from assay.recipes.noisy import noisy_answers
+
+        return (list(noisy_answers(itertools.islice(stream, batch_size), recipe["noise"], recipe["corruption"], rng)) for _ in itertools.count()), None
+    from functools import partial
+
+    from assay.envs.base import env_factory
+    from assay.recipes.demos import episode_rows, tool_demos
+    from assay.train.sft import encode_rows
+
+    make_env, demos = env_factory(recipe["env"]["name"], recipe["env"].get("args")), recipe["demos"]
+    batches = (episode_rows(tool_demos(itertools.islice(stream, batch_size), tok, make_env, demos["tool_rate"], demos["corruption"], rng))
+               for _ in itertools.count())
+    return batches, partial(encode_rows, tok.pad_token_id)
+
+
+def _evaluate(recipe: dict[str, Any], task, model, tok, seed: int) -> dict[str, Any]:
+    """The held-out figures of a freshly built model: greedy accuracy and pass@k; with `env:`, with and without the tool."""
+    from assay.eval.policy import evaluate
+    from assay.rewards.base import REWARDS
+    from assay.rollout.torch_sampler import TorchSampler
+
+    ev, heldout = recipe["eval"], task.heldout(recipe["eval"]["n"])
+    plain = evaluate(TorchSampler(model, tok), REWARDS.get(task.reward)(), heldout, ev["max_new_tokens"], k=ev["k"], seed=seed)
+    if "env" not in recipe:
+        return plain.as_dict()
+    import torch
+
+    from assay.config import EnvConfig
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.multiturn import episode_sampler
+
+    env = EnvConfig(**recipe["env"])
+    episodes = episode_sampler(TorchSampler(model, tok), model, tok, env, model.config.max_position_embeddings)
+    tool = evaluate(episodes, REWARDS.get("episode")(), heldout, ev["max_new_tokens"])
+    greedy_calls = episodes.metrics()["agent/tool_calls_per_episode"]
+    sampled = episodes.generate(heldout, 1, SamplingParams(ev["max_new_tokens"], temperature=1.0), torch.Generator().manual_seed(seed))
+    episodes.metrics()
+    return {"n": len(heldout), "accuracy_no_tool": plain.accuracy, "accuracy_tool": tool.accuracy, "tool_calls_per_episode_greedy": greedy_calls,
+            "tool_call_rate_sampled": sum(1 for t in sampled if t.info["tool_calls"]) / len(sampled),
+            "reward_sampled": sum(t.info["reward"] or 0.0 for t in sampled) / len(sampled)}

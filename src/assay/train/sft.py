@@ -1,7 +1,7 @@
 """Supervised fine-tuning on (prompt, answer) pairs: the loss covers answer tokens only.
 
 Used by the bundled-model recipes (`assay.recipes`), which feed it imperfect
-demonstrations (`assay.recipes.noisy`).
+demonstrations (`assay.recipes.noisy`) or episodes of an environment (`assay.recipes.demos`).
 """
 
 from __future__ import annotations
@@ -28,23 +28,32 @@ class SFTConfig:
 
 def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded `input_ids`, `attention_mask` and `labels` (−100 outside the answer)."""
-    rows, labels = [], []
+    rows = []
     for prompt, answer in pairs:
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(p + a)
-        labels.append([-100] * len(p) + a)
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+        rows.append((p + a, [-100] * len(p) + a))
+    return encode_rows(tokenizer.pad_token_id, rows)
+
+
+def encode_rows(pad_id: int, rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask` and `labels` of `(ids, labels)` rows (labels −100 where not trained)."""
+    width = max(len(r) for r, _ in rows)
+    ids = torch.full((len(rows), width), pad_id)
     lab = torch.full((len(rows), width), -100)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, l) in enumerate(zip(rows, labels)):
+    for i, (r, l) in enumerate(rows):
         ids[i, : len(r)], lab[i, : len(l)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(l), 1
     return ids, mask, lab
 
 
-def sft(model, tokenizer, batches: Iterable[list[tuple[str, str]]], cfg: SFTConfig, on_step: Callable[[int, float], None] | None = None) -> None:
-    """Train `model` on answer tokens with AdamW and a warm-up + cosine schedule."""
+def sft(model, tokenizer, batches: Iterable[list], cfg: SFTConfig, on_step: Callable[[int, float], None] | None = None,
+        encode: Callable[[list], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None) -> None:
+    """Train `model` on answer tokens with AdamW and a warm-up + cosine schedule.
+
+    Each batch is a list of (prompt, answer) pairs, or whatever `encode` turns into
+    `input_ids`, `attention_mask` and `labels` (`encode_rows` for token rows).
+    """
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -52,7 +61,7 @@ def sft(model, tokenizer, batches: Iterable[list[tuple[str, str]]], cfg: SFTConf
     )
     model.train()
     for step, pairs in zip(range(cfg.steps), batches):
-        ids, mask, labels = encode_pairs(tokenizer, pairs)
+        ids, mask, labels = encode(pairs) if encode else encode_pairs(tokenizer, pairs)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

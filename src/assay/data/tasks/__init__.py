@@ -3,5 +3,7 @@
 from assay.data.tasks.arithmetic import Arithmetic, ArithmeticReward, ArithmeticSteps, ArithmeticStepsReward
 from assay.data.tasks.base import TASKS, Task, in_heldout, make_task
 from assay.data.tasks.countdown import Countdown, CountdownReward, parse_expression
+from assay.data.tasks.mix import Mix
 
-__all__ = ["TASKS", "Task", "make_task", "in_heldout", "Arithmetic", "ArithmeticReward", "ArithmeticSteps", "ArithmeticStepsReward", "Countdown", "CountdownReward", "parse_expression"]
+__all__ = ["TASKS", "Task", "make_task", "in_heldout", "Arithmetic", "ArithmeticReward", "ArithmeticSteps", "ArithmeticStepsReward", "Countdown", "CountdownReward",
+           "parse_expression", "Mix"]

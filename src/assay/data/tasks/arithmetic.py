@@ -19,20 +19,22 @@ class Arithmetic(Task):
 
     Args:
         terms: how many numbers in the expression (2 is plain `a+b`).
-        max_value: numbers are drawn from 0..max_value.
+        max_value: numbers are drawn from min_value..max_value.
+        min_value: the smallest number (1000 with max_value 9999: four-digit numbers).
         ops: the operators to draw from, a subset of `+-*`.
     """
 
     reward = "arithmetic"
 
-    def __init__(self, terms: int = 2, max_value: int = 99, ops: str = "+", heldout_fraction: float = 0.2):
-        if terms < 2 or max_value < 1 or not ops or set(ops) - set("+-*"):
-            raise AssayError(f"arithmetic: need terms >= 2, max_value >= 1 and ops from '+-*'; got {terms}, {max_value}, {ops!r}")
-        self.terms, self.max_value, self.ops = terms, max_value, ops
+    def __init__(self, terms: int = 2, max_value: int = 99, ops: str = "+", heldout_fraction: float = 0.2, min_value: int = 0):
+        if terms < 2 or max_value < 1 or not ops or set(ops) - set("+-*") or not 0 <= min_value <= max_value:
+            raise AssayError(f"arithmetic: need terms >= 2, 0 <= min_value <= max_value, max_value >= 1 and ops from '+-*'; "
+                             f"got terms={terms}, min_value={min_value}, max_value={max_value}, ops={ops!r}")
+        self.terms, self.max_value, self.ops, self.min_value = terms, max_value, ops, min_value
         self.heldout_fraction = heldout_fraction
 
     def make(self, rng: random.Random) -> Sample:
-        nums = [rng.randint(0, self.max_value) for _ in range(self.terms)]
+        nums = [rng.randint(self.min_value, self.max_value) for _ in range(self.terms)]
         ops = [rng.choice(self.ops) for _ in range(self.terms - 1)]
         expr = str(nums[0]) + "".join(o + str(n) for o, n in zip(ops, nums[1:]))
         value = nums[0]
