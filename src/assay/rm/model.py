@@ -26,6 +26,17 @@ from assay.models import quiet_hf, resolve_model_path
 RM_FILE = "assay_rm.json"
 
 
+def pad_right(rows, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows right-padded to the longest: `input_ids` `[M, L]` and `attention_mask` `[M, L]`."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
 def init_head(model, seed: int) -> None:
     """The score head drawn from its own seeded generator: N(0, initializer_range²), the run's RNG left alone."""
     gen = torch.Generator().manual_seed(seed)
@@ -138,12 +149,7 @@ class Encoder:
     def batch(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-padded `input_ids` `[M, L]`, `attention_mask` `[M, L]` and response lengths `[M]`."""
         rows, lengths = zip(*(self.ids(p, r) for p, r in items))
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
+        ids, mask = pad_right(rows, self.tok.pad_token_id)
         return ids.to(device), mask.to(device), torch.tensor(lengths)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from assay.errors import AssayError
-from assay.rm.model import render_prompt
+from assay.rm.model import pad_right, render_prompt
 from assay.rm.steps import StepRow, completion_pieces
 
 REDUCES = ("min", "mean", "last", "prod")
@@ -99,12 +99,7 @@ class StepEncoder:
     def batch(self, items: list[tuple[Any, list[str]]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
         """Right-padded `input_ids` `[M, L]`, `attention_mask` `[M, L]`, and each row's step end positions."""
         rows, ends = zip(*(self.ids(p, pieces) for p, pieces in items))
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
+        ids, mask = pad_right(rows, self.tok.pad_token_id)
         return ids.to(device), mask.to(device), list(ends)
 
 

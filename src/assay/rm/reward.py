@@ -33,8 +33,31 @@ def loaded(path: str, device: str) -> tuple[Any, Any]:
     return _LOADED[key]
 
 
+class _ModelReward(Reward):
+    """What `rm` and `prm` share: a model folder checked at construction, a whole batch scored in
+    forwards (the subclass's `_score(batch)`), and one bad item failing alone, never the batch."""
+
+    def __init__(self, path: str, batch_size: int, trained_by: str):
+        p = Path(path)
+        if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
+            raise ValueError(f"path {path!r} holds no reward model (expected the folder `{trained_by}` wrote, or its run folder)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        return self._score([traj])[0]
+
+    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
+        if not batch:
+            return []
+        try:
+            return self._score(batch)
+        except Exception:  # one bad item (text the tokenizer refuses) fails alone, never the batch
+            return [score_safely(self, t) for t in batch]
+
+
 @REWARDS.register("rm")
-class RMReward(Reward):
+class RMReward(_ModelReward):
     """A trained scalar reward model (`assay rm train`): its score of prompt + completion.
 
     Args:
@@ -50,23 +73,8 @@ class RMReward(Reward):
     reward_args = ("verifier",)
 
     def __init__(self, path: str, device: str = "cpu", batch_size: int = 64, verifier: Reward | None = None):
-        p = Path(path)
-        if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
-            raise ValueError(f"path {path!r} holds no reward model (expected the folder `assay rm train` wrote, or its run folder)")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        super().__init__(path, batch_size, "assay rm train")
         self.path, self.device, self.batch_size, self.verifier = str(path), device, batch_size, verifier
-
-    def score(self, traj: Trajectory) -> RewardResult:
-        return self._score([traj])[0]
-
-    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
-        if not batch:
-            return []
-        try:
-            return self._score(batch)
-        except Exception:  # one bad item (text the tokenizer refuses) fails alone, never the batch
-            return [score_safely(self, t) for t in batch]
 
     def _score(self, batch: list[Trajectory]) -> list[RewardResult]:
         from assay.rm.model import score_texts
@@ -83,7 +91,7 @@ class RMReward(Reward):
 
 
 @REWARDS.register("prm")
-class PRMReward(Reward):
+class PRMReward(_ModelReward):
     """A trained process reward model (`assay rm train kind=prm`): a score per step, reduced to one.
 
     Each step of the completion (cut with `split`) is scored σ(logit) at its last token; the
@@ -107,27 +115,12 @@ class PRMReward(Reward):
         from assay.rm.prm import REDUCES
         from assay.rm.steps import check_split
 
-        p = Path(path)
-        if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
-            raise ValueError(f"path {path!r} holds no reward model (expected the folder `assay rm train kind=prm` wrote, or its run folder)")
+        super().__init__(path, batch_size, "assay rm train kind=prm")
         if reduce not in REDUCES:
             raise ValueError(f"reduce {reduce!r}: use one of {', '.join(REDUCES)}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if split is not None:
             check_split(split)
         self.path, self.reduce, self.split, self.device, self.batch_size = str(path), reduce, split, device, batch_size
-
-    def score(self, traj: Trajectory) -> RewardResult:
-        return self._score([traj])[0]
-
-    def __call__(self, batch: list[Trajectory]) -> list[RewardResult]:
-        if not batch:
-            return []
-        try:
-            return self._score(batch)
-        except Exception:  # one bad item fails alone, never the batch
-            return [score_safely(self, t) for t in batch]
 
     def _score(self, batch: list[Trajectory]) -> list[RewardResult]:
         from assay.rm.prm import reduce_steps, score_completions
