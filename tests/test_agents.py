@@ -318,7 +318,7 @@ def test_isolated_tools_are_killed_at_their_deadline():
     assert [c.observation for c in box.run("[double 21]")] == ["=42"]
     start = time.monotonic()
     (call,) = box.run("[hang_forever x]")
-    assert call.outcome == "timeout" and time.monotonic() - start < 3.0
+    assert call.outcome == "timeout" and time.monotonic() - start < 6.0  # a 1 s deadline; unstopped the tool hangs for ever
     (call,) = box.run("[crash x]")
     assert call.outcome == "tool_error" and "crashed" in call.observation
     (call,) = box.run("[fail x]")

@@ -84,7 +84,7 @@ def test_probes_cannot_exceed_their_caps(task):
     start = time.monotonic()
     obs, _, done, info = env.step("[probe WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c]")
     assert info["tool_calls"][0].outcome == "timeout" and not done
-    assert time.monotonic() - start < 0.3 * 1.5 + 0.5  # the query's deadline, or the worker killed at 1.5x
+    assert time.monotonic() - start < 0.3 * 1.5 + 2.5  # the deadline (or the 1.5x kill) plus slack for a busy machine; unstopped it runs for ever
     assert env.step("[probe SELECT MAX(days) FROM loans]").observation == "=29"  # the worker still answers
 
 

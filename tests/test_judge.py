@@ -320,9 +320,10 @@ def test_docstring_examples():
     import assay.rewards.judge
     import assay.rewards.judge_client
     import assay.rewards.rubric
+    import assay.jsonhttp
     import assay.rollout.serve_model
 
-    for mod in (assay.rewards.judge, assay.rewards.judge_client, assay.rewards.rubric, assay.rollout.serve_model):
+    for mod in (assay.rewards.judge, assay.rewards.judge_client, assay.rewards.rubric, assay.rollout.serve_model, assay.jsonhttp):
         assert doctest.testmod(mod).failed == 0, mod.__name__
 
 

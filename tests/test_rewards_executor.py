@@ -75,7 +75,7 @@ class SlowIO(Reward):
     kind = "io"
 
     def score(self, t):
-        time.sleep(0.2 if t.completion == "slow" else 0.0)
+        time.sleep(0.5 if t.completion == "slow" else 0.0)
         return RewardResult(1.0)
 
 
@@ -96,7 +96,7 @@ def test_io_rewards_run_concurrently_with_deadline():
     with RewardExecutor(SlowIO(), timeout=1.0, concurrency=8) as ex:
         start = time.perf_counter()
         assert [r.score for r in ex.score([traj("slow")] * 8)] == [1.0] * 8
-        assert time.perf_counter() - start < 1.0  # 8 × 0.2 s in parallel
+        assert time.perf_counter() - start < 2.5  # 8 × 0.5 s in parallel; one after another takes 4 s
     with RewardExecutor(AsyncIO(), timeout=0.5) as ex:
         rs = ex.score([traj("a"), traj("hang")])
         assert rs[0].score == 2.0 and rs[1].info["reason"] == "timeout"

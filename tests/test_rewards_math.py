@@ -150,7 +150,7 @@ def test_large_completion_fast(math_reward):
 
     t = time.perf_counter()
     assert math_reward.score(traj("x" * 1_000_000 + r" \boxed{5}", "5")).score == 1.0
-    assert time.perf_counter() - t < 1.0
+    assert time.perf_counter() - t < 5.0  # linear work; anything quadratic in 1e6 characters takes hours
 
 
 def test_labelled_set_agreement(math_reward):

@@ -285,7 +285,7 @@ def test_large_inputs_stay_cheap(math_reward):
     assert math_reward.score(traj("<think>" + "Wait, it is 6. " * 100_000 + r"</think>\boxed{5}", "5")).score == 1.0
     rev = r"\boxed{" + ", ".join(rf"\sqrt{{{i}}}" for i in range(60)) + "}"
     assert math_reward.score(traj(rev, ", ".join(rf"\sqrt{{{i}}}" for i in range(59, -1, -1)))).score == 1.0
-    assert time.perf_counter() - t < 3.0
+    assert time.perf_counter() - t < 10.0  # linear work; anything quadratic in these sizes takes hours
 
 
 @pytest.mark.parametrize("name", ["assay.rewards.math", "assay.rewards.math.extract", "assay.rewards.math.numbers",

@@ -284,3 +284,24 @@ def _quietly(fn, *args):
         fn(*args)
     except (OSError, http.client.HTTPException):
         pass
+
+
+def test_the_workers_are_up_before_the_server_says_it_is_serving():
+    """The first request does not pay for starting workers, and a stop can never race their start."""
+    server = Server("--reward", "math", "--workers", "2")
+    try:
+        assert len(_descendants(server.proc.pid)) >= 2  # the forkserver and its workers, before any request
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_stopped_service_refuses_batches_and_starts_no_workers():
+    from assay.rewards.serve import RewardService
+
+    service = RewardService("math", workers=1)
+    service.executor.start()
+    assert service.post("/score", {"rows": [{"completion": r"\boxed{2}", "answer": "2"}]})["results"][0]["score"] == 1.0
+    service.stop()
+    with pytest.raises(BadRequest, match="stopping") as e:
+        service.post("/score", {"rows": [{"completion": r"\boxed{2}", "answer": "2"}]})
+    assert e.value.status == 503 and service.executor._pool is None

@@ -47,6 +47,9 @@ from assay.errors import AssayError
 from assay.registry import load_path
 
 
+_PENDING = object()  # a job of `stream` without a result yet
+
+
 @dataclass
 class WorkerFailure:
     """A job whose worker died, hung past its deadline, or raised; `reason` is `timeout`, `crashed` or `raised`."""
@@ -214,7 +217,14 @@ class WorkerPool:
             self._ctx.set_forkserver_preload(list(preload))
         self._spec = pickle.dumps((target, setup, setup_args, os.getpid()))
         self._ready_timeout, self._name = ready_timeout, name
-        self._workers = [self._start() for _ in range(max(1, workers))]
+        self._workers: list[Worker] = []
+        try:
+            for _ in range(max(1, workers)):
+                self._workers.append(self._start())
+        except BaseException:  # one failed to start: the ones already running go too
+            for w in self._workers:
+                w.kill()
+            raise
         self._idle: queue.Queue[int] = queue.Queue()
         for w in range(len(self._workers)):
             self._idle.put(w)
@@ -242,7 +252,12 @@ class WorkerPool:
         """Results in job order; a job past its deadline (seconds) or whose worker died is a `WorkerFailure`."""
         if len(jobs) == 1:
             return [self.run_one(jobs[0], deadlines[0])]
-        return list(self._threads.map(self.run_one, jobs, deadlines))
+        try:
+            return list(self._threads.map(self.run_one, jobs, deadlines))
+        except RuntimeError:  # closed under this call: its threads take no more jobs
+            if not self._closed:
+                raise
+            return [WorkerFailure("the worker pool is closed", "crashed") for _ in jobs]
 
     def run_one(self, job: Any, deadline: float) -> Any:
         """Run one job on the next idle worker, waiting at most `deadline` seconds for it."""
@@ -266,15 +281,18 @@ class WorkerPool:
     # ---------------------------------------------------------------- chunks, one caller
 
     def stream(self, jobs: list[Any], deadline: float, chunk: int = 8) -> list[Any]:
-        """Results in job order; each job has `deadline` seconds from when its worker starts it."""
-        results: list[Any] = [None] * len(jobs)
+        """Results in job order; each job has `deadline` seconds from when its worker starts it.
+
+        A `close` from another thread ends the call: every job without a result then fails.
+        """
+        results: list[Any] = [_PENDING] * len(jobs)
         todo = collections.deque(range(len(jobs)))
-        while todo or any(w.items for w in self._workers):
+        while (todo or any(w.items for w in self._workers)) and not self._closed:
             for k in range(len(self._workers)):
                 if not self._workers[k].items and todo:
                     self._dispatch(k, jobs, todo, deadline, chunk)
             self._collect(results, todo, deadline)
-        return results
+        return [WorkerFailure("the worker pool was closed before this job finished", "crashed") if r is _PENDING else r for r in results]
 
     def _dispatch(self, k: int, jobs: list[Any], todo: collections.deque, deadline: float, chunk: int) -> None:
         """Send worker k a chunk: small enough to balance the pool, large enough to save round trips."""
@@ -317,15 +335,20 @@ class WorkerPool:
             self._replace(self._workers.index(w))
 
     def close(self) -> None:
-        """Stop every worker (politely, then SIGKILL); a job still running on one fails, its worker not replaced."""
+        """Stop every worker (politely, then SIGKILL); a job still running on one fails, its worker not replaced.
+
+        Safe to call twice and from any thread; calls running in other threads end with failures.
+        """
         lock = getattr(self, "_lock", None)
-        with lock or contextlib.nullcontext():
+        if lock is None:  # __init__ failed before the pool was whole
+            return
+        with lock:
+            if self._closed:
+                return
             self._closed = True
-            workers, self._workers = getattr(self, "_workers", []), []
-        for w in workers:
+        for w in self._workers:
             w.stop()
-        if hasattr(self, "_threads"):
-            self._threads.shutdown(wait=False)
+        self._threads.shutdown(wait=False)
 
     def __len__(self) -> int:
-        return len(self._workers)
+        return 0 if self._closed else len(self._workers)

@@ -98,6 +98,7 @@ class RewardExecutor:
         self.failure_score, self.concurrency, self.start_method = failure_score, concurrency, start_method
         self.chunk = max(1, int(chunk))
         self._pool: WorkerPool | None = None
+        self._final = False  # closed for good: see `close`
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._seconds = 0.0
@@ -128,8 +129,19 @@ class RewardExecutor:
         self._counts, self._seconds = dict.fromkeys(_COUNTERS, 0), 0.0
         return out
 
-    def close(self) -> None:
-        """Stop the workers and threads; the executor restarts them if used again."""
+    def start(self) -> "RewardExecutor":
+        """Start the worker processes now rather than at the first batch (a server is ready when it says so)."""
+        if self.workers > 0 and getattr(self.reward, "kind", "cpu") == "cpu":
+            self._start_pool()
+        return self
+
+    def close(self, final: bool = False) -> None:
+        """Stop the workers and threads; the executor restarts them if used again, unless `final`.
+
+        `final` is for a server stopping under a batch: a batch that starts after it raises
+        instead of starting new workers while the process exits.
+        """
+        self._final = self._final or final
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -163,6 +175,8 @@ class RewardExecutor:
     # ---------------------------------------------------------------- process pool
 
     def _start_pool(self) -> WorkerPool:
+        if self._final:
+            raise AssayError("the reward executor was closed for good")
         if self._pool is None:
             try:
                 reward_bytes = pickle.dumps(self.reward)

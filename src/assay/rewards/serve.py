@@ -30,29 +30,18 @@ one at a time (the executor's workers score each batch's items in parallel).
 
 from __future__ import annotations
 
-import json
 import math
-import signal
-import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from assay.errors import AssayError
+from assay.jsonhttp import BadRequest, serve_until_signal
 from assay.rewards.executor import RewardExecutor
 from assay.rewards.scoring import result_row, row_to_traj
 from assay.rewards.spec import build_reward
 from assay.types import RewardResult
 
 MAX_BODY = 64 * 2**20  # bytes: a request body larger than this is refused (413)
-
-
-class BadRequest(Exception):
-    """A request the server refuses; `status` is its HTTP code, the message one line."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def _list(body: Any, key: str, n: int | None = None) -> list[Any]:
@@ -178,6 +167,8 @@ class RewardService:
             except (TypeError, ValueError) as e:  # e.g. a `group` that is not a number
                 raise BadRequest(f"row {i}: {e}".splitlines()[0]) from None
         with self._lock:
+            if self.stopping:
+                raise BadRequest("the server is stopping; this batch was not scored", 503)
             try:
                 results = self.executor.score(trajs)
             except Exception:
@@ -188,93 +179,26 @@ class RewardService:
             self.items += len(results)
         return reply(results, rows, single)
 
-    def health(self) -> dict[str, Any]:
+    def get(self, path: str) -> dict[str, Any]:
+        if path != "/health":
+            raise BadRequest(f"no such endpoint {path}; GET /health", 404)
         ex = self.executor
         return {"status": "ok", "reward": self.spec, "workers": ex.workers, "timeout": ex.timeout,
                 "max_batch": self.max_batch, "items": self.items}
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        if self.path.split("?")[0] == "/health":
-            self._send(200, self.server.service.health())
-        else:
-            self._send(404, {"error": f"no such endpoint {self.path}; GET /health"})
-
-    def do_POST(self) -> None:
-        try:
-            body = self._read_json()
-            self._send(200, self.server.service.post(self.path.split("?")[0], body))
-        except BadRequest as e:
-            self._send(e.status, {"error": str(e)})
-        except Exception as e:  # a server bug answers 500 for this request; the server goes on
-            self._send(500, {"error": f"{type(e).__name__}: {e}".splitlines()[0]})
-
-    def _read_json(self) -> Any:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise BadRequest("need a Content-Length header", 411)
-        if int(length) > self.server.max_body:
-            raise BadRequest(f"body of {length} bytes is over the {self.server.max_body}-byte limit", 413)
-        data = self.rfile.read(int(length))
-        try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(f"bad JSON: {e}") from None
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload, allow_nan=False).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status >= 400:
-            self.send_header("Connection", "close")  # the unread rest of a refused body must not be read as a request
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # no line per request on stderr
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a request stuck at shutdown does not hold the process
-    service: RewardService
-    max_body: int
+    def stop(self) -> None:
+        """Refuse new batches (503) and stop the workers; a batch they were scoring is answered 503."""
+        self.stopping = True
+        self.executor.close(final=True)
 
 
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, workers: int = 2, timeout: float = 5.0,
           max_batch: int = 4096, max_body: int = MAX_BODY, ready: Callable[[str], None] | None = None) -> int:
     """Serve reward `spec` until SIGINT or SIGTERM; returns 0 after a clean stop.
 
-    Prints `assay: serving reward SPEC on http://HOST:PORT` (the bound port, so `--port 0`
-    works) to stdout once the server accepts connections.
+    The reward's workers start first; then `assay: serving reward SPEC on http://HOST:PORT`
+    (the bound port, so `--port 0` works) goes to stdout.
     """
     service = RewardService(spec, workers=workers, timeout=timeout, max_batch=max_batch)
-    try:
-        server = _Server((host, port), _Handler)
-    except OSError as e:
-        service.executor.close()
-        raise AssayError(f"serve rewards: cannot listen on {host}:{port}: {e.strerror}") from None
-    server.service, server.max_body = service, max_body
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="assay-serve", daemon=True)
-    thread.start()
-    address = f"http://{server.server_address[0]}:{server.server_address[1]}"
-    (ready or (lambda a: print(f"assay: serving reward {spec} on {a}", flush=True)))(address)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        service.stopping = True
-        server.shutdown()
-        server.server_close()
-        service.executor.close()
-        for s, h in previous.items():
-            signal.signal(s, h)
-    print("assay: server stopped", file=sys.stderr)
-    return 0
+    service.executor.start()
+    return serve_until_signal(service, host, port, max_body, f"assay: serving reward {spec}", "serve rewards", ready)

@@ -24,27 +24,16 @@ shape); a `model` other than the served name a 404.
 
 from __future__ import annotations
 
-import json
-import signal
-import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from assay.errors import AssayError
+from assay.jsonhttp import BadRequest, serve_until_signal
 
 MAX_BODY = 8 * 2**20  # bytes: a larger request body is refused (413)
 MAX_N = 64  # most completions in one request
-
-
-class BadRequest(Exception):
-    """A request the server refuses; `status` is its HTTP code, the message one line."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def stop_at(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -100,11 +89,17 @@ class ModelService:
 
     # ---------------------------------------------------------------- routes
 
-    def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "assay"}]}
+    def get(self, path: str) -> dict[str, Any]:
+        if path == "/v1/models":
+            return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "assay"}]}
+        if path == "/health":
+            return {"status": "ok", "model": self.name, "requests": self.requests}
+        raise BadRequest(f"no such endpoint {path}; GET /v1/models or /health", 404)
 
-    def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.name, "requests": self.requests}
+    @staticmethod
+    def error_body(status: int, message: str) -> dict[str, Any]:
+        """OpenAI's error shape."""
+        return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": status}}
 
     def post(self, path: str, body: Any) -> dict[str, Any]:
         if path not in ("/v1/completions", "/v1/chat/completions"):
@@ -200,61 +195,6 @@ class ModelService:
         return result
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0]
-        if path == "/v1/models":
-            self._send(200, self.server.service.models())
-        elif path == "/health":
-            self._send(200, self.server.service.health())
-        else:
-            self._error(404, f"no such endpoint {self.path}; GET /v1/models or /health")
-
-    def do_POST(self) -> None:
-        try:
-            self._send(200, self.server.service.post(self.path.split("?")[0], self._read_json()))
-        except BadRequest as e:
-            self._error(e.status, str(e))
-        except Exception as e:  # a server bug answers 500 for this request; the server goes on
-            self._error(500, f"{type(e).__name__}: {e}".splitlines()[0])
-
-    def _read_json(self) -> Any:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise BadRequest("need a Content-Length header", 411)
-        if int(length) > MAX_BODY:
-            raise BadRequest(f"body of {length} bytes is over the {MAX_BODY}-byte limit", 413)
-        try:
-            return json.loads(self.rfile.read(int(length)))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(f"bad JSON: {e}") from None
-
-    def _error(self, status: int, message: str) -> None:
-        self._send(status, {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": status}})
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status >= 400:
-            self.send_header("Connection", "close")  # the unread rest of a refused body must not be read as a request
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # no line per request on stderr
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a request stuck at shutdown does not hold the process
-    service: ModelService
-
-
 def serve_model(path: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, max_new_tokens: int = 256,
                 device: str = "cpu", chat_template: str | None = None, ready: Callable[[str], None] | None = None) -> int:
     """Serve the model at `path` until SIGINT or SIGTERM; returns 0 after a clean stop.
@@ -263,24 +203,4 @@ def serve_model(path: str, host: str = "127.0.0.1", port: int = 8000, name: str 
     works) to stdout once the server accepts connections.
     """
     service = ModelService(path, name=name, max_new_tokens=max_new_tokens, device=device, chat_template=chat_template)
-    try:
-        server = _Server((host, port), _Handler)
-    except OSError as e:
-        raise AssayError(f"serve model: cannot listen on {host}:{port}: {e.strerror}") from None
-    server.service = service
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="assay-serve-model", daemon=True)
-    thread.start()
-    address = f"http://{server.server_address[0]}:{server.server_address[1]}"
-    (ready or (lambda a: print(f"assay: serving model {service.name} on {a}", flush=True)))(address)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.shutdown()
-        server.server_close()
-        for s, h in previous.items():
-            signal.signal(s, h)
-    print("assay: server stopped", file=sys.stderr)
-    return 0
+    return serve_until_signal(service, host, port, MAX_BODY, f"assay: serving model {service.name}", "serve model", ready)
