@@ -218,8 +218,12 @@ def test_5xx_is_retried_and_exhausted_retries_are_http_errors():
         once = Judge(server.url, retries=1, backoff=0.05)([traj("a")])[0]
         assert once.score is None and once.info["reason"] == "http_error" and "HTTP 500" in once.error and "after 2 attempts" in once.error
         assert server.get("/stats")["requests"] == 2
-        ok = Judge(server.url, retries=2, backoff=0.05)([traj("a")])[0]  # the third request is answered
+        judge = Judge(server.url, retries=2, backoff=0.05)
+        ok = judge([traj("a")])[0]  # the third request is answered
         assert ok.score == pytest.approx(8 / 9) and server.get("/stats")["requests"] == 3
+        stats = judge.stats()
+        assert (stats["reward/judge/requests"], stats["reward/judge/retries"], stats["reward/judge/cache_hits"]) == (1, 0, 0)
+        assert stats["reward/judge/request_seconds"] > 0 and judge.stats()["reward/judge/requests"] == 0  # read once
     finally:
         server.stop()
     refused = Judge(server.url, retries=1, backoff=0.05)([traj("a")])[0]  # nothing listens there now
@@ -232,12 +236,19 @@ def test_cache_avoids_repeated_requests(tmp_path):
         judge = Judge(server.url, cache_dir=str(tmp_path / "cache"))
         first = judge([traj("same", 0), traj("same", 1), traj("other", 2)])
         assert server.get("/stats")["requests"] == 2  # equal judge prompts are asked once
+        assert judge.stats()["reward/judge/requests"] == 2
         again = judge([traj("same", 0), traj("other", 1)])
         assert server.get("/stats")["requests"] == 2 and again[0].info["cached"] and again[0].score == first[0].score
+        assert (judge.stats()["reward/judge/cache_hits"], RewardExecutor(judge, workers=0).stats()["reward/judge/cache_hits"]) == (2, 0)
         fresh = Judge(server.url, cache_dir=str(tmp_path / "cache"))  # a new process would find the same files
         assert fresh([traj("other")])[0].score == pytest.approx(4 / 9) and server.get("/stats")["requests"] == 2
         Judge(server.url, cache=False)([traj("same")])
         assert server.get("/stats")["requests"] == 3
+        with RewardExecutor(judge, workers=0) as ex:  # the executor reports the judge's counters with its own
+            ex.score([traj("same", 0), traj("new", 1)])
+            stats = ex.stats()
+        assert (stats["reward/judge/cache_hits"], stats["reward/judge/requests"], stats["reward/executor/items"]) == (1, 1, 2)
+        assert server.get("/stats")["requests"] == 4
     finally:
         server.stop()
 
@@ -310,6 +321,7 @@ def test_train_goes_on_when_the_judge_hangs(tmp_path, tiny_model_dir):
         assert sum(r.get("reward/reason/timeout", 0.0) for r in rows) > 0  # some samples were left unscored ...
         assert all(r["reward/none"] == r["reward/failures"] for r in rows)  # ... as None with a reason, never as 0
         assert any(r["reward/none"] < r["reward/count"] for r in rows)  # ... and the rest were scored
+        assert all(r["reward/judge/requests"] + r["reward/judge/cache_hits"] >= 1 for r in rows)  # the judge's counters reach the metrics
     finally:
         server.stop()
 

@@ -18,8 +18,9 @@
 
 A failed item scores `failure_score` (None: leave it out of baselines) with the reason in
 `error` and `info["reason"]` (`raised`, `timeout`, `crashed`); a result whose reward set
-`error` with score None keeps None. Counts since the last call
-are in `stats()`.
+`error` with score None keeps None. Counts since the last call are in `stats()`, with
+the counters of any reward in the tree that has a `stats()` of its own (`reward_stats`:
+a judge's requests, retries and cache hits).
 
     >>> from assay.rewards.math import MathReward
     >>> from assay.types import Sample, Trajectory
@@ -35,7 +36,7 @@ import asyncio
 import concurrent.futures
 import pickle
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from assay.errors import AssayError
 from assay.rewards.base import Reward, score_safely
@@ -61,18 +62,37 @@ def _preload(reward: Reward) -> list[str]:
     return [m for m in _modules(reward) if m != "__main__"]
 
 
-def _modules(reward: Reward) -> list[str]:
-    """The modules of a reward, of the rewards inside it, and their `preload` lists."""
-    mods, seen, todo = [], set(), [reward]
+def _rewards(reward: Reward) -> Iterator[Reward]:
+    """A reward and every reward inside it (attributes, and lists, tuples and dicts of them), each once."""
+    seen, todo = set(), [reward]
     while todo:
         r = todo.pop()
         if id(r) in seen:
             continue
         seen.add(id(r))
-        mods += [type(r).__module__, *getattr(r, "preload", ())]
+        yield r
         for v in vars(r).values():
             todo += [v] if isinstance(v, Reward) else [x for x in (v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else []) if isinstance(x, Reward)]
-    return list(dict.fromkeys(mods))
+
+
+def _modules(reward: Reward) -> list[str]:
+    """The modules of a reward, of the rewards inside it, and their `preload` lists."""
+    return list(dict.fromkeys(m for r in _rewards(reward) for m in (type(r).__module__, *getattr(r, "preload", ()))))
+
+
+def reward_stats(reward: Reward) -> dict[str, float]:
+    """The summed `stats()` counters of a reward and the rewards inside it (a judge's requests, say).
+
+    Only rewards scored in this process count: `batch` and `io` rewards, or any reward with
+    `workers=0`. A CPU reward in worker processes keeps its counters there.
+    """
+    out: dict[str, float] = {}
+    for r in _rewards(reward):
+        stats = getattr(r, "stats", None)
+        if callable(stats):
+            for k, v in stats().items():
+                out[k] = out.get(k, 0.0) + float(v)
+    return out
 
 
 class RewardExecutor:
@@ -126,6 +146,7 @@ class RewardExecutor:
         """Counts since the last call, namespaced for metrics (see docs/rewards.md)."""
         out = {f"reward/executor/{k}": float(v) for k, v in self._counts.items()}
         out["reward/executor/items_per_s"] = self._counts["items"] / self._seconds if self._seconds > 0 else 0.0
+        out.update(reward_stats(self.reward))
         self._counts, self._seconds = dict.fromkeys(_COUNTERS, 0), 0.0
         return out
 

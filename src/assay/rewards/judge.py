@@ -172,6 +172,10 @@ class Judge(Reward):
                                    stop=stop, timeout=timeout, retries=retries, backoff=backoff, concurrency=concurrency, cache=cache,
                                    cache_dir=cache_dir, api_key_env=api_key_env)
 
+    def stats(self) -> dict[str, float]:
+        """Since the last call: `reward/judge/requests` (HTTP requests, retries included), `retries`, `cache_hits`, `request_seconds`."""
+        return {f"reward/judge/{k}": v for k, v in self._client.stats().items()}
+
     def hparams(self) -> dict[str, Any]:
         client = {k: v for k, v in vars(self._client).items() if not k.startswith("_")}
         return {**{k: v for k, v in vars(self).items() if not k.startswith("_") and k != "template"}, **client}

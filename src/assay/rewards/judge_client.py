@@ -14,6 +14,9 @@ the prompt, the model, the temperature and the seed are all in the key): in memo
 `cache_dir` on disk when given (one small JSON file per reply, written atomically, shared
 by every process that points at the folder). Only replies that came back are cached.
 
+`stats()` returns, and resets, what the client did since the last call: HTTP requests sent
+(retries included), retries, cache hits and the seconds spent waiting on the server.
+
     >>> JudgeClient("http://127.0.0.1:1/v1", model="m", api="completions").body("2+2=")
     {'model': 'm', 'prompt': '2+2=', 'max_tokens': 64, 'temperature': 0.0}
 """
@@ -37,6 +40,7 @@ from typing import Any
 RETRY_STATUS = {429, 500, 502, 503, 504}
 APIS = ("chat", "completions")
 MEMORY_ENTRIES = 100_000  # replies kept in memory; the oldest go first
+COUNTERS = ("requests", "retries", "cache_hits", "request_seconds")  # what `JudgeClient.stats` counts
 
 
 @dataclass
@@ -87,6 +91,8 @@ class JudgeClient:
 
     def _start(self) -> None:
         self._slots = threading.BoundedSemaphore(self.concurrency)
+        self._counts = dict.fromkeys(COUNTERS, 0.0)
+        self._counts_lock = threading.Lock()
         self._memory: dict[str, str] = {}
         self._memory_lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -125,6 +131,7 @@ class JudgeClient:
             key = hashlib.sha256(json.dumps([self.url, self.route, body], sort_keys=True).encode()).hexdigest()
             text = self._cached(key)
             if text is not None:
+                self._count(cache_hits=1)
                 return Reply(text, cached=True)
             with self._slots:
                 reply = self._post(body)
@@ -153,6 +160,17 @@ class JudgeClient:
                 out[p] = Reply(None, "timeout", f"no reply within the batch deadline of {deadline:g}s")
         return [out[p] for p in prompts]
 
+    def stats(self) -> dict[str, float]:
+        """Counts since the last call (`COUNTERS`), then zero."""
+        with self._counts_lock:
+            out, self._counts = self._counts, dict.fromkeys(COUNTERS, 0.0)
+        return out
+
+    def _count(self, **add: float) -> None:
+        with self._counts_lock:
+            for k, v in add.items():
+                self._counts[k] += v
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -163,6 +181,7 @@ class JudgeClient:
     def _post(self, body: dict[str, Any]) -> Reply:
         delay, why = self.backoff, ""
         for attempt in range(1, self.retries + 2):
+            start = time.monotonic()
             try:
                 data = self._once(body)
             except urllib.error.HTTPError as e:
@@ -182,6 +201,8 @@ class JudgeClient:
                 if text is None:
                     return Reply(None, "http_error", f"{self.url}{self.route}: the reply has no {_TEXT_PATH[self.api]}", attempts=attempt)
                 return Reply(text, attempts=attempt)
+            finally:
+                self._count(requests=1, retries=float(attempt > 1), request_seconds=time.monotonic() - start)
             if attempt <= self.retries:
                 time.sleep(delay)
                 delay *= 2
