@@ -2,6 +2,7 @@
 and the bundled model scores what its recipe recorded."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,52 @@ def test_eval_a_run_on_its_own_held_out_data(tiny_model_dir, tmp_path):
     out = _assay("eval", "--run", str(run), "--k", "2", "--json", "--workers", "0")
     assert out["model"] == str(run / "final") and out["run"] == str(run) and out["n"] == 15  # its 25% held out, with its reward
     assert 0.0 <= out["accuracy"] <= 1.0 and 0.0 <= out["pass@2"] <= 1.0
+
+
+CALC = "{parts: [{task: arithmetic, args: {min_value: 1000, max_value: 9999, ops: '+'}}, {task: arithmetic, args: {min_value: 10, max_value: 99, ops: '*'}}]}"
+
+
+def test_eval_runs_episodes_with_an_environment_as_training_does(tmp_path):
+    """tiny-calc answers right mostly by calling the calculator: scored on plain prompts it looks almost useless."""
+    import yaml
+
+    from assay.config import load_config
+    from assay.eval.policy import evaluate
+    from assay.rewards.executor import RewardExecutor
+    from assay.rewards.spec import build_reward
+    from assay.rollout.multiturn import episode_sampler
+
+    common = ["--model", "tiny-calc", "--task", "mix", "--task-args", CALC, "--n", "100", "--k", "0", "--max-new-tokens", "20", "--json",
+              "--workers", "0"]
+    env = "{name: calculator, args: {syntax: bracket}, max_turns: 3}"
+    episodes, plain = _assay("eval", *common, "--env", env), _assay("eval", *common)
+    assert episodes["env"] == "calculator" and "env" not in plain
+    assert episodes["tool_calls_per_episode"] > 0 and episodes["turns_mean"] > 1
+    assert episodes["accuracy"] > plain["accuracy"]
+
+    # the same number as training's held-out evaluation: the episode sampler and the episode reward
+    cfg = load_config(str(Path(__file__).parents[1] / "examples" / "calculator-agent.yaml"), [f"output_dir={tmp_path}"])
+    model, tok = load_policy("tiny-calc")
+    problems = make_task("mix", **yaml.safe_load(CALC)).heldout(100)
+    sampler = episode_sampler(TorchSampler(model, tok), model, tok, cfg.env, model.config.max_position_embeddings)
+    with RewardExecutor(build_reward("episode"), workers=0) as ex:
+        assert evaluate(sampler, ex.score, problems, 20).accuracy == episodes["accuracy"]
+
+    # a run folder brings its environment and its reward
+    run = tmp_path / "calc-run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump()))
+    out = _assay("eval", "--run", str(run), "--model", "tiny-calc", "--n", "100", "--k", "0", "--json", "--workers", "0")
+    assert out["env"] == "calculator" and out["tool_calls_per_episode"] > 0
+
+
+def test_eval_with_an_unknown_environment_is_one_line():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "assay.cli", "eval", "--env", "{name: nowhere}", "--k", "0", "--n", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "nowhere" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "assay.cli", "eval", "--env", "{name: calculator, max_turns: 0}", "--k", "0", "--n", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "max_turns" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -72,7 +72,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
                          chat_template=args.chat_template, run=args.run, reward=args.reward, n=args.n, k=args.k,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, backend=args.backend, device=args.device,
-                         seed=args.seed, workers=args.workers, server_url=args.server_url)
+                         seed=args.seed, workers=args.workers, server_url=args.server_url, env=args.env)
     if args.json:
         print(json.dumps(out))
     else:
@@ -91,7 +91,7 @@ def cmd_eval_best_of(args: argparse.Namespace) -> int:
                            chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
                            chat_template=args.chat_template, run=args.run, n=args.n, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, workers=args.workers,
-                           server_url=args.server_url)
+                           server_url=args.server_url, env=args.env)
     json_path, png_path = bestof.write(out, args.out)
     if args.json:
         print(json.dumps({k: v for k, v in out.items() if k != "per_problem"}))
@@ -319,7 +319,10 @@ def _eval_parser(sub) -> None:
     e.add_argument("--system-prompt", default=None, help="a system message first in every conversation")
     e.add_argument("--chat-template-kwargs", default=None, help="chat template arguments as YAML or JSON, for example '{enable_thinking: false}'")
     e.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template that replaces the tokenizer's")
-    e.add_argument("--run", default=None, metavar="RUN_DIR", help="a run folder: evaluate on its own held-out data with its reward")
+    e.add_argument("--run", default=None, metavar="RUN_DIR", help="a run folder: evaluate on its own held-out data with its reward "
+                   "(and its environment: each problem an episode)")
+    e.add_argument("--env", default=None, help="an environment (calculator, sql-agent, code-fix, module:attr, or a block "
+                   "'{name: calculator, args: {syntax: bracket}, max_turns: 3}'): each problem is an episode, scored by its reward")
     e.add_argument("--reward", default=None, help="a reward name, module:attr, YAML file or inline YAML block (default: the task's or run's)")
     e.add_argument("--n", type=int, default=500, help="problems (default 500)")
     e.add_argument("--k", type=int, default=8, help="pass@k samples per problem (0: skip; default 8)")

@@ -2,7 +2,9 @@
 
 `evaluate_model` resolves what to evaluate and how to score it, then calls
 `assay.eval.policy.evaluate` through the sampler interface and the reward executor (so a
-reward that raises or hangs fails one item, never the evaluation).
+reward that raises or hangs fails one item, never the evaluation). With an environment (a
+run's `env:` block, or `env=`) each problem is a whole episode of it, as in training's
+held-out evaluation, scored by the episode's reward unless another is given.
 """
 
 from __future__ import annotations
@@ -36,6 +38,27 @@ def _run_model(run: str) -> str:
     return str(ckpt)
 
 
+def env_config(spec: Any):
+    """An `EnvConfig` from a name (`calculator`), a `module:attr` factory, or a block (`{name: calculator, args: {...}}`)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from assay.config import EnvConfig, explain
+
+    block = spec
+    if isinstance(spec, str):
+        try:
+            block = yaml.safe_load(spec) if spec.lstrip().startswith("{") else {"name": spec}
+        except yaml.YAMLError as e:
+            raise AssayError(f"--env: {spec!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(block, dict):
+        raise AssayError(f"--env: expected an environment name or a block {{name, args, max_turns, ...}}, got {spec!r}")
+    try:
+        return EnvConfig.model_validate(block)
+    except ValidationError as e:
+        raise AssayError(explain(e, block, EnvConfig, "--env")) from None
+
+
 def resolve(task: str | None, task_args: dict | None, data, run: str | None, reward: Any, n: int, seed: int) -> tuple[list, Any, dict[str, Any]]:
     """`(problems, reward spec, description)` for exactly one of task, data (a `DataConfig` with a path) or run."""
     from assay.data.datasets import build_source, data_reward, samples_from
@@ -48,7 +71,8 @@ def resolve(task: str | None, task_args: dict | None, data, run: str | None, rew
         source = build_source(cfg.data, cfg.seed, n)
         if not source.heldout:
             raise AssayError(f"--run: the run {run!r} has no held-out data (data.eval_fraction=0 and no data.eval_path)")
-        return source.heldout, reward or cfg.reward or source.reward, {"run": run, "data": cfg.data.task or cfg.data.path}
+        default = source.reward if cfg.env is None else "episode"  # as the run was trained
+        return source.heldout, reward or cfg.reward or default, {"run": run, "data": cfg.data.task or cfg.data.path}
     if data is not None:
         reward = reward or data_reward(data)
         if reward is None:
@@ -66,7 +90,7 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
                    chat_template_kwargs: dict | None = None, chat_template: str | None = None, run: str | None = None,
                    reward: Any = None, n: int = 500, k: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
                    backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2, timeout: float = 5.0,
-                   server_url: str | None = None) -> dict[str, Any]:
+                   server_url: str | None = None, env: Any = None) -> dict[str, Any]:
     """Greedy accuracy, pass@k and mean length of `model` on a task, a data file or a run's held-out data.
 
     Args:
@@ -84,8 +108,12 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
         max_new_tokens: completion limit (default: the run's, else 6).
         backend, server_url: the generation backend (`rollout.backend`: torch, vllm, openai)
             and, for `openai`, the server (it is given `model`'s weights when it takes them).
+        env: an environment (a name, `module:attr` or an `env:` block; default: the run's):
+            each problem is an episode, scored by the `episode` reward unless `reward` is given.
     Returns:
-        `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`.
+        `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`; with an
+        environment also `env`, `turns_mean` and `tool_calls_per_episode` (over every
+        episode run, the pass@k samples included).
     """
     from assay.eval.policy import evaluate
     from assay.rewards.executor import RewardExecutor
@@ -93,26 +121,37 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
 
     problems, reward_spec, what, model, sampler, max_new_tokens = _prepare(
         model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
-        max_new_tokens, backend, device, seed, server_url)
+        max_new_tokens, backend, device, seed, server_url, env)
     try:
         with RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout) as ex:
             r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)
+        episodes = sampler.metrics() if "env" in what else {}
     finally:
         sampler.close()
-    return {"model": model, **what, **r.as_dict()}
+    agent = {k: episodes[f"agent/{k}"] for k in ("turns_mean", "tool_calls_per_episode") if f"agent/{k}" in episodes}
+    return {"model": model, **what, **r.as_dict(), **agent}
 
 
 def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
-             max_new_tokens, backend, device, seed, server_url) -> tuple[list, Any, dict[str, Any], str, Any, int]:
+             max_new_tokens, backend, device, seed, server_url, env=None) -> tuple[list, Any, dict[str, Any], str, Any, int]:
     """`(problems, verifier spec, description, model, sampler, max_new_tokens)`: what `evaluate_model` and `evaluate_best_of` share."""
     from assay.config import DataConfig
     from assay.data.datasets import PromptLimit
     from assay.models import load_policy
     from assay.rollout.base import make_sampler
+    from assay.rollout.multiturn import episode_sampler
 
+    env_cfg = env_config(env) if env is not None else (_run_config(run).env if run else None)
+    if env_cfg is not None and reward is None:
+        reward = (_run_config(run).reward if run else None) or "episode"  # the episode's own reward, as in training
     spec = None if data is None else DataConfig(task=None, path=data, fields=fields or {}, format=format, chat=chat,
                                                 system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs or {})
     problems, reward_spec, what = resolve(task, task_args, spec, run, reward, n, seed)
+    if env_cfg is not None:
+        from assay.envs.base import env_factory
+
+        env_factory(env_cfg.name, env_cfg.args)  # an unknown environment or bad arguments: one line before the model loads
+        what["env"] = env_cfg.name
     if reward_spec is None:
         raise AssayError("eval: this data has no built-in verifier; give --reward")
     if max_new_tokens is None:
@@ -129,7 +168,10 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
         from assay.config import RolloutConfig
 
         rollout = RolloutConfig(backend=backend, server_url=server_url)
-    return problems, reward_spec, what, model, make_sampler(backend, policy, tokenizer, rollout, device), max_new_tokens
+    sampler = make_sampler(backend, policy, tokenizer, rollout, device)
+    if env_cfg is not None:  # each problem an episode, as in training's held-out evaluation
+        sampler = episode_sampler(sampler, policy, tokenizer, env_cfg, context)
+    return problems, reward_spec, what, model, sampler, max_new_tokens
 
 
 def evaluate_best_of(model: str | None = None, *, select: Any, best_of: int, verifier: Any = None, task: str | None = None,
@@ -137,7 +179,7 @@ def evaluate_best_of(model: str | None = None, *, select: Any, best_of: int, ver
                      chat: bool = False, system_prompt: str | None = None, chat_template_kwargs: dict | None = None,
                      chat_template: str | None = None, run: str | None = None, n: int = 500, max_new_tokens: int | None = None,
                      temperature: float = 1.0, backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2,
-                     timeout: float = 5.0, server_url: str | None = None) -> dict[str, Any]:
+                     timeout: float = 5.0, server_url: str | None = None, env: Any = None) -> dict[str, Any]:
     """Verified accuracy of the best of n samples under the reward `select`, for n = 1, 2, 4, ..., `best_of` (`assay.eval.bestof`).
 
     The problems, model and verifier are resolved as in `evaluate_model` (`verifier`: the
@@ -158,7 +200,7 @@ def evaluate_best_of(model: str | None = None, *, select: Any, best_of: int, ver
     selector = build_reward(select)  # a bad spec fails here, before the model loads
     problems, verifier_spec, what, model, sampler, max_new_tokens = _prepare(
         model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, verifier, n,
-        max_new_tokens, backend, device, seed, server_url)
+        max_new_tokens, backend, device, seed, server_url, env)
     try:
         with RewardExecutor(build_reward(verifier_spec), workers=workers, timeout=timeout) as check, \
                 RewardExecutor(selector, workers=workers, timeout=timeout, failure_score=None) as pick:
