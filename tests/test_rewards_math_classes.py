@@ -243,6 +243,24 @@ def test_bare_answer_rule(math_reward, completion, gold, want):
     assert math_reward.score(traj(completion, gold)).score == want
 
 
+# --------------------------------------------------------------------- "not equal", any spelling
+
+NOT_EQUAL = [
+    # a reference saying "not equal" in one spelling accepts the others; a value reference still refuses it
+    (r"\boxed{y \neq -1}", "y != -1", 1.0, "correct"),
+    (r"\boxed{y \ne -1}", r"y \neq -1", 1.0, "correct"),
+    (r"\boxed{y \neq -1}", "y ≠ -1", 1.0, "correct"),
+    (r"\boxed{y \neq 2}", "y != -1", 0.0, "wrong"),
+    (r"\boxed{y \ne -1}", "4", 0.0, "hedged"),  # `\ne` is a qualifier like `\neq`
+    ("The answer is $y ≠ -1$.", "4", 0.0, "hedged"),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want,reason", NOT_EQUAL)
+def test_not_equal_spellings(math_reward, completion, gold, want, reason):
+    assert _score(math_reward, completion, gold) == (want, reason)
+
+
 # ----------------------------------------------------------------------- strictness that stays
 
 STRICT = [

@@ -134,7 +134,7 @@ _WORD = re.compile(r"(?<!\\)\b[A-Za-z]{3,}\b")
 #: qualifiers that make a stated answer a hedge (also used by the judge on the answer itself)
 HEDGE_IN = re.compile(
     r"\bor\b|\\lor|\\text\{\s*or\s*\}|\beither\b|\bmaybe\b|\?|\bbetween\s+\$?-?\d|\d\$?\s+to\s+\$?-?\d|\bnot\b|\bnever\b|\bno\b|\bprobably\b|"
-    r"\blikely\b|\bapproximately\b|\babout\b|\baround\b|\broughly\b|\bguess\b|\\approx|\\neq",
+    r"\blikely\b|\bapproximately\b|\babout\b|\baround\b|\broughly\b|\bguess\b|\\approx|\\neq?(?![A-Za-z])",
     re.I,
 )
 VALUE = r"(-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?|-?\\d?frac\{[^{}]*\}\{[^{}]*\})"
