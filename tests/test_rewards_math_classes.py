@@ -243,6 +243,40 @@ def test_bare_answer_rule(math_reward, completion, gold, want):
     assert math_reward.score(traj(completion, gold)).score == want
 
 
+# ------------------------------------------------------------- answers stated around the anchor
+
+STATED = [
+    # (completion, gold, score, reason): "X is the answer" states X; a firm statement after a box restates it
+    ("Adding them, $7$ is the answer.", "7", 1.0, "correct"),
+    ("So 42 is our final answer.", "42", 1.0, "correct"),
+    (r"Hence \(y \ge 3\) was the answer.", r"y \geq 3", 1.0, "correct"),
+    ("Adding them, $7$ is the answer.", "8", 0.0, "wrong"),
+    ("Adding them, $7$ or $8$ is the answer.", "7", 0.0, "hedged"),  # a list before it: a hedge
+    ("The answer is.", "7", 0.0, "no_answer"),  # an empty claim is no answer
+    (r"The tax is \boxed{40}, so the total is $440$.\nFinal Answer: The final answer is $440$.", "440", 1.0, "correct"),
+    (r"The tax is \boxed{40}. The final answer is $440$.", "40", 0.0, "wrong"),  # the box was a step
+    (r"The tax is \boxed{40}, and $440$ is the answer.", "440", 1.0, "correct"),
+    (r"The tax is \boxed{40}. Or maybe the answer is $440$.", "440", 0.0, "hedged"),  # hedging prose before it
+    (r"\boxed{12}. To check the answer: $3 \cdot 4 = 12$.", "12", 1.0, "correct"),  # a loose anchor restates nothing
+    (r"\boxed{12}. I am sure the answer is right.", "12", 1.0, "correct"),  # prose restates nothing
+    (r"\boxed{0.5}. The final answer is $\frac{1}{2}$.", "1/2", 1.0, "correct"),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want,reason", STATED)
+def test_answers_stated_around_the_anchor(math_reward, completion, gold, want, reason):
+    assert _score(math_reward, completion, gold) == (want, reason)
+
+
+def test_restatement_scan_stays_cheap(math_reward):
+    import time
+
+    t = time.perf_counter()
+    assert math_reward.score(traj(r"\boxed{7}" + " answer" * 100_000, "7")).score == 1.0
+    assert math_reward.score(traj(r"\boxed{7}" + " $7$ is the answer" * 50_000, "7")).score == 1.0
+    assert time.perf_counter() - t < 5.0
+
+
 # --------------------------------------------------------------------- "not equal", any spelling
 
 NOT_EQUAL = [
