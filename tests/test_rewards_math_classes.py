@@ -295,6 +295,31 @@ def test_not_equal_spellings(math_reward, completion, gold, want, reason):
     assert _score(math_reward, completion, gold) == (want, reason)
 
 
+# -------------------------------------------------------------------------- solution groups
+
+GROUPS = [
+    # several solutions, each naming the same unknowns: a set of labelled tuples
+    (r"\boxed{(1, 4), (3, 0)}", "a=1, b=4; a=3, b=0", 1.0, "correct"),
+    (r"\boxed{(3, 0), (1, 4)}", "a=1, b=4; a=3, b=0", 1.0, "correct"),  # solutions in any order
+    (r"\boxed{b=0, a=3; b=4, a=1}", "a=1, b=4; a=3, b=0", 1.0, "correct"),  # read by name
+    (r"\boxed{a=1, b=4 \text{ or } a=3, b=0}", "(1, 4), (3, 0)", 1.0, "correct"),
+    (r"\boxed{(4, 1), (0, 3)}", "a=1, b=4; a=3, b=0", 0.0, "wrong"),  # coordinates in order
+    (r"\boxed{(1, 4)}", "a=1, b=4; a=3, b=0", 0.0, "type_mismatch"),  # one solution of two
+    (r"\boxed{a=1, b=4 \text{ or } a=3, b=0}", "a=1, b=4", 0.0, "wrong"),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want,reason", GROUPS)
+def test_solution_groups(math_reward, completion, gold, want, reason):
+    assert _score(math_reward, completion, gold) == (want, reason)
+
+
+def test_solution_groups_split():
+    assert split_answer("a=1, b=4; a=3, b=0") == ("list", ["(a=1, b=4)", "(a=3, b=0)"])
+    assert split_answer("a=1, b=4; c=3, b=0") == ("list", ["a=1", "b=4", "c=3", "b=0"])  # different names: a flat list
+    assert split_answer("a=1; b=4") == ("list", ["a=1", "b=4"])
+
+
 # ----------------------------------------------------------------------- strictness that stays
 
 STRICT = [
