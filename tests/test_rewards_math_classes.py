@@ -234,6 +234,11 @@ BARE = [
     ("5 apples", "5", 0.0),  # a word of three letters: prose, not a bare answer
     ("The final result is 5", "5", 0.0),
     ("$1$ and $2$", "1", 0.0),  # two spans: no bare answer
+    ("$45$ %", r"45\%", 1.0),  # one wordless line across math spans
+    ("$y$ = $-3$", "-3", 1.0),
+    ("$45$ %", "46", 0.0),
+    (r"$3$, $4$", "3", 0.0),  # a list for a one-value reference
+    ("$45$ percent of it", r"45\%", 0.0),  # prose
     ("#### 1,234", "1234", 1.0),  # GSM8K's marker is an answer statement
 ]
 

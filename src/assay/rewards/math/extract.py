@@ -271,15 +271,16 @@ def _restated_after_box(text: str, ex: Extraction) -> Extraction:
 
 def _bare(text: str) -> str | None:
     """The whole response as the answer: one line of at most 40 characters with no word of three or
-    more letters (`42`, `x = 5`, `$\\frac{1}{2}$.`), or a single math span of at most 400 characters
-    (`$\\text{odd}$`, `\\[ (3, \\tfrac{\\pi}{2}) \\]`), whose words are maths, not prose."""
+    more letters (`42`, `x = 5`, `$\\frac{1}{2}$.`, `$28$ %`: math delimiters inside it are read past),
+    or a single math span of at most 400 characters (`$\\text{odd}$`, `\\[ (3, \\tfrac{\\pi}{2}) \\]`),
+    whose words are maths, not prose."""
     if text.startswith("####"):  # GSM8K's answer marker: an answer statement
         return None
     m = _MATH_ONLY.fullmatch(text)
     inner = next((g for g in m.groups() if g is not None), "").strip() if m else ""
     if inner and len(inner) <= 400:
         return inner
-    m = _BARE.match(text)
+    m = _BARE.match(re.sub(r"(?<!\\)\$", "", text))
     return m.group(1) if m and not _WORD.search(m.group(1)) else None
 
 
