@@ -234,6 +234,11 @@ BARE = [
     ("5 apples", "5", 0.0),  # a word of three letters: prose, not a bare answer
     ("The final result is 5", "5", 0.0),
     ("$1$ and $2$", "1", 0.0),  # two spans: no bare answer
+    ("$45$ %", r"45\%", 1.0),  # one wordless line across math spans
+    ("$y$ = $-3$", "-3", 1.0),
+    ("$45$ %", "46", 0.0),
+    (r"$3$, $4$", "3", 0.0),  # a list for a one-value reference
+    ("$45$ percent of it", r"45\%", 0.0),  # prose
     ("#### 1,234", "1234", 1.0),  # GSM8K's marker is an answer statement
 ]
 
@@ -241,6 +246,83 @@ BARE = [
 @pytest.mark.parametrize("completion,gold,want", BARE)
 def test_bare_answer_rule(math_reward, completion, gold, want):
     assert math_reward.score(traj(completion, gold)).score == want
+
+
+# ------------------------------------------------------------- answers stated around the anchor
+
+STATED = [
+    # (completion, gold, score, reason): "X is the answer" states X; a firm statement after a box restates it
+    ("Adding them, $7$ is the answer.", "7", 1.0, "correct"),
+    ("So 42 is our final answer.", "42", 1.0, "correct"),
+    (r"Hence \(y \ge 3\) was the answer.", r"y \geq 3", 1.0, "correct"),
+    ("Adding them, $7$ is the answer.", "8", 0.0, "wrong"),
+    ("Adding them, $7$ or $8$ is the answer.", "7", 0.0, "hedged"),  # a list before it: a hedge
+    ("The answer is.", "7", 0.0, "no_answer"),  # an empty claim is no answer
+    (r"The tax is \boxed{40}, so the total is $440$.\nFinal Answer: The final answer is $440$.", "440", 1.0, "correct"),
+    (r"The tax is \boxed{40}. The final answer is $440$.", "40", 0.0, "wrong"),  # the box was a step
+    (r"The tax is \boxed{40}, and $440$ is the answer.", "440", 1.0, "correct"),
+    (r"The tax is \boxed{40}. Or maybe the answer is $440$.", "440", 0.0, "hedged"),  # hedging prose before it
+    (r"\boxed{12}. To check the answer: $3 \cdot 4 = 12$.", "12", 1.0, "correct"),  # a loose anchor restates nothing
+    (r"\boxed{12}. I am sure the answer is right.", "12", 1.0, "correct"),  # prose restates nothing
+    (r"\boxed{0.5}. The final answer is $\frac{1}{2}$.", "1/2", 1.0, "correct"),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want,reason", STATED)
+def test_answers_stated_around_the_anchor(math_reward, completion, gold, want, reason):
+    assert _score(math_reward, completion, gold) == (want, reason)
+
+
+def test_restatement_scan_stays_cheap(math_reward):
+    import time
+
+    t = time.perf_counter()
+    assert math_reward.score(traj(r"\boxed{7}" + " answer" * 100_000, "7")).score == 1.0
+    assert math_reward.score(traj(r"\boxed{7}" + " $7$ is the answer" * 50_000, "7")).score == 1.0
+    assert time.perf_counter() - t < 5.0
+
+
+# --------------------------------------------------------------------- "not equal", any spelling
+
+NOT_EQUAL = [
+    # a reference saying "not equal" in one spelling accepts the others; a value reference still refuses it
+    (r"\boxed{y \neq -1}", "y != -1", 1.0, "correct"),
+    (r"\boxed{y \ne -1}", r"y \neq -1", 1.0, "correct"),
+    (r"\boxed{y \neq -1}", "y ≠ -1", 1.0, "correct"),
+    (r"\boxed{y \neq 2}", "y != -1", 0.0, "wrong"),
+    (r"\boxed{y \ne -1}", "4", 0.0, "hedged"),  # `\ne` is a qualifier like `\neq`
+    ("The answer is $y ≠ -1$.", "4", 0.0, "hedged"),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want,reason", NOT_EQUAL)
+def test_not_equal_spellings(math_reward, completion, gold, want, reason):
+    assert _score(math_reward, completion, gold) == (want, reason)
+
+
+# -------------------------------------------------------------------------- solution groups
+
+GROUPS = [
+    # several solutions, each naming the same unknowns: a set of labelled tuples
+    (r"\boxed{(1, 4), (3, 0)}", "a=1, b=4; a=3, b=0", 1.0, "correct"),
+    (r"\boxed{(3, 0), (1, 4)}", "a=1, b=4; a=3, b=0", 1.0, "correct"),  # solutions in any order
+    (r"\boxed{b=0, a=3; b=4, a=1}", "a=1, b=4; a=3, b=0", 1.0, "correct"),  # read by name
+    (r"\boxed{a=1, b=4 \text{ or } a=3, b=0}", "(1, 4), (3, 0)", 1.0, "correct"),
+    (r"\boxed{(4, 1), (0, 3)}", "a=1, b=4; a=3, b=0", 0.0, "wrong"),  # coordinates in order
+    (r"\boxed{(1, 4)}", "a=1, b=4; a=3, b=0", 0.0, "type_mismatch"),  # one solution of two
+    (r"\boxed{a=1, b=4 \text{ or } a=3, b=0}", "a=1, b=4", 0.0, "wrong"),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want,reason", GROUPS)
+def test_solution_groups(math_reward, completion, gold, want, reason):
+    assert _score(math_reward, completion, gold) == (want, reason)
+
+
+def test_solution_groups_split():
+    assert split_answer("a=1, b=4; a=3, b=0") == ("list", ["(a=1, b=4)", "(a=3, b=0)"])
+    assert split_answer("a=1, b=4; c=3, b=0") == ("list", ["a=1", "b=4", "c=3", "b=0"])  # different names: a flat list
+    assert split_answer("a=1; b=4") == ("list", ["a=1", "b=4"])
 
 
 # ----------------------------------------------------------------------- strictness that stays

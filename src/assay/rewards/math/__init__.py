@@ -8,10 +8,10 @@ steps, each in its own module:
    nothing said while thinking, corrections included, can change the score. The answer
    is the last brace-balanced `\\boxed{…}` / `\\fbox{…}` of the response; with
    `no_box="anchored"` (default) a response without a box may state its answer as "the
-   answer is …" / "Answer: …" (never "any number in the text"), or be nothing but the
-   answer (one line of at most 40 characters with no word of three or more letters).
-   A correction after the answer replaces it (`\\boxed{166}. Actually no, it is 167.`),
-   as does a later box after prose; hedges (`\\boxed{5} or 6`, `…, or possibly 6`) score 0.
+   answer is …" / "Answer: …" / "… is the answer" (never "any number in the text"), or be
+   nothing but the answer (one line of at most 40 characters with no word of three or more
+   letters). A correction after the answer replaces it (`\\boxed{166}. Actually no, it is
+   167.`), as does a later box after prose or a later "final answer is …"; hedges (`\\boxed{5} or 6`, `…, or possibly 6`) score 0.
 2. `numbers`: digit groups read by one rule on both sides (`12,345` and `12\\,345` are one
    number, `12, 345` two); plain numbers compared exactly as rationals.
 3. `parts`: what kind of answer a text is: one value, a list / set of solutions (any

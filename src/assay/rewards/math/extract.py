@@ -134,7 +134,7 @@ _WORD = re.compile(r"(?<!\\)\b[A-Za-z]{3,}\b")
 #: qualifiers that make a stated answer a hedge (also used by the judge on the answer itself)
 HEDGE_IN = re.compile(
     r"\bor\b|\\lor|\\text\{\s*or\s*\}|\beither\b|\bmaybe\b|\?|\bbetween\s+\$?-?\d|\d\$?\s+to\s+\$?-?\d|\bnot\b|\bnever\b|\bno\b|\bprobably\b|"
-    r"\blikely\b|\bapproximately\b|\babout\b|\baround\b|\broughly\b|\bguess\b|\\approx|\\neq",
+    r"\blikely\b|\bapproximately\b|\babout\b|\baround\b|\broughly\b|\bguess\b|\\approx|\\neq?(?![A-Za-z])",
     re.I,
 )
 VALUE = r"(-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?|-?\\d?frac\{[^{}]*\}\{[^{}]*\})"
@@ -165,6 +165,8 @@ def extract_answer(text: str, no_box: str = "anchored", thinking: str | list | t
     boxes = find_boxes(response)
     if boxes:
         ex = _from_boxes(response, boxes)
+        if ex.reason == "boxed":
+            ex = _restated_after_box(response, ex)
     elif no_box == "zero":
         ex = Extraction(None, "no_box")
     else:
@@ -199,23 +201,86 @@ def _from_anchor(text: str) -> Extraction:
     if bare is not None:
         return Extraction(bare, "bare", len(text.rstrip()))
     for m in reversed(list(_ANCHOR.finditer(text))):
-        span = _claim_span(text, m.end())
-        if span:
-            return Extraction(span[0], "anchored", span[1])
+        found = _statement(text, m)
+        if found:
+            return found
     return Extraction(None, "no_answer")
+
+
+def _statement(text: str, m: re.Match[str]) -> Extraction | None:
+    """The answer an anchor `m` states: after it (`the answer is 5`), else before it (`$5$ is the answer`)."""
+    span = _claim_span(text, m.end())
+    if span:
+        return Extraction(span[0], "anchored", span[1])
+    before = _claim_before(text, m.start())
+    if before == "hedged":
+        return Extraction(None, "hedged", m.end())
+    return Extraction(before, "anchored", m.end()) if before else None
+
+
+_IS_BEFORE = re.compile(r"\s*(?:is|was)\s+(?:(?:the|our|my)\s+)?$", re.I)
+_MATH_SPAN = re.compile(r"\$\$([^$]+)\$\$|\$((?:[^$]|\\\$)+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+_VALUE_AT_END = re.compile(r"(?<![\w.,/])" + VALUE + r"$")
+_LIST_BEFORE = re.compile(r"(?:\$|\d|\\\)|\})\s*(?:,|\bor|\band|\\text\{\s*(?:or|and)\s*\})\s*\$*\s*$", re.I)
+
+
+def _claim_before(text: str, at: int) -> str | None:
+    """The math right before "is the answer" / "is our answer" ending at `at`: a `$…$` / `\\(…\\)` span
+    or a plain number; "hedged" when it ends a list (`$5$ or $6$ is the answer`); None when there is none."""
+    head = text[max(0, at - 2000) : at]
+    m = _IS_BEFORE.search(head)
+    if not m:
+        return None
+    claim = head[: m.start()].rstrip()
+    spans = list(_MATH_SPAN.finditer(claim))
+    if spans and spans[-1].end() == len(claim):
+        inner, start = next(g for g in spans[-1].groups() if g is not None).strip(), spans[-1].start()
+    elif value := _VALUE_AT_END.search(claim):
+        inner, start = value.group(1), value.start()
+    else:
+        return None
+    if not inner:
+        return None
+    return "hedged" if _LIST_BEFORE.search(claim[:start]) else inner
+
+
+_FIRM_ANCHOR = re.compile(r"final answer|the answer\s+is\b", re.I)
+_RESTATE_LOOKBACK = 8  # anchors read back from the end: a restatement closes the response, and the cost stays bounded
+
+
+def _restated_after_box(text: str, ex: Extraction) -> Extraction:
+    """The box's answer, or a different one stated later in plain maths ("Final Answer: The final answer is
+    $10{,}455$.", "$10{,}455$ is the answer"), which replaces it as a later box would; prose between them
+    that hedges scores 0. A looser anchor ("to check the answer: $3 \\cdot 4 = 12$") restates nothing."""
+    for m in list(_ANCHOR.finditer(text, ex.end))[::-1][:_RESTATE_LOOKBACK]:
+        if not _FIRM_ANCHOR.match(m.group(0)) and _claim_span(text, m.end()):
+            continue
+        found = _statement(text, m)
+        if found is None:
+            continue
+        if found.answer is None:  # `$5$ or $6$ is the answer`
+            return found
+        if _WORD.search(text[m.end() : found.end]) or same_value(found.answer, ex.answer or ""):
+            continue
+        gap = text[ex.end : m.end()]  # a "final answer" is itself a correction cue
+        if _HEDGE_CUE.search(gap) and not _CORRECTION_CUE.search(gap):
+            return Extraction(None, "hedged", found.end)
+        return found
+    return ex
 
 
 def _bare(text: str) -> str | None:
     """The whole response as the answer: one line of at most 40 characters with no word of three or
-    more letters (`42`, `x = 5`, `$\\frac{1}{2}$.`), or a single math span of at most 400 characters
-    (`$\\text{odd}$`, `\\[ (3, \\tfrac{\\pi}{2}) \\]`), whose words are maths, not prose."""
+    more letters (`42`, `x = 5`, `$\\frac{1}{2}$.`, `$28$ %`: math delimiters inside it are read past),
+    or a single math span of at most 400 characters (`$\\text{odd}$`, `\\[ (3, \\tfrac{\\pi}{2}) \\]`),
+    whose words are maths, not prose."""
     if text.startswith("####"):  # GSM8K's answer marker: an answer statement
         return None
     m = _MATH_ONLY.fullmatch(text)
     inner = next((g for g in m.groups() if g is not None), "").strip() if m else ""
     if inner and len(inner) <= 400:
         return inner
-    m = _BARE.match(text)
+    m = _BARE.match(re.sub(r"(?<!\\)\$", "", text))
     return m.group(1) if m and not _WORD.search(m.group(1)) else None
 
 
@@ -234,6 +299,8 @@ def _claim_span(text: str, i: int) -> tuple[str, int] | None:
     if not m or not m.group(1).strip():
         return None
     span = m.group(1).strip().rstrip(".")
+    if not span:
+        return None
     if _WORD.search(span):  # prose: "the number of ways, which is 10" -> 10
         tail = re.search(r"(?:\bis|=|\bequals|\bbe)\s*\$*\s*" + VALUE + r"\s*\$*$", span)
         if tail and not HEDGE_IN.search(span):

@@ -34,7 +34,7 @@ import re
 from fractions import Fraction
 
 _UNICODE = str.maketrans({"−": "-", "–": "-", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "π": "\\pi ", "∞": "\\infty ",
-                          "≤": "\\le ", "≥": "\\ge ", "√": "\\sqrt", "±": "\\pm ", "∓": "\\mp ", "∪": "\\cup ", "∈": "\\in "})
+                          "≤": "\\le ", "≥": "\\ge ", "≠": "\\neq ", "≈": "\\approx ", "√": "\\sqrt", "±": "\\pm ", "∓": "\\mp ", "∪": "\\cup ", "∈": "\\in "})
 
 
 def unicode_to_latex(s: str) -> str:

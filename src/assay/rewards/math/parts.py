@@ -37,6 +37,7 @@ _CLOSE = re.compile(r"\\\}|\\rangle(?![A-Za-z])|[)}\]]")
 _LIST_SEP = re.compile(
     r"(?<!\\)[,;]|\\q?quad(?![A-Za-z])|\\lor(?![A-Za-z])|\\(?:text|textrm|textnormal|mbox|mathrm)\{\s*(?:and|or|,)\s*\}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])"
 )
+_GROUP_SEP = re.compile(r"(?<!\\);|\\(?:text|textrm|textnormal|mbox|mathrm)\{\s*(?:and|or)\s*\}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
 _COMMA, _SEMICOLON, _UNION = re.compile(r"(?<!\\),"), re.compile(r"(?<!\\);"), re.compile(r"\\cup(?![A-Za-z])")
 _RELATION = re.compile(r"<|>|\\(?:le|leq|leqslant|ge|geq|geqslant|lt|gt|in|subset|subseteq|supset|supseteq)(?![A-Za-z])")
 _TEXT = re.compile(r"(\\(?:text|textbf|textrm|textnormal|mathrm|mbox))\{([^{}]*)\}")
@@ -128,10 +129,32 @@ def split_answer(s: str) -> tuple[str, list[str]]:
             return "tuple", coords
     if any(m for m in _RELATION.finditer(s) if _depths(s)[m.start()] == 0):
         return "relation", [s]
+    groups = solution_groups(s)
+    if groups:
+        return "list", groups
     parts = split_top(s)
     if len(parts) == 1 and (m := _TEXT.fullmatch(s)) and len(words := split_top(m.group(2))) > 1:
         parts = [f"{m.group(1)}{{{w}}}" for w in words]  # \text{Evelyn and Carla}
     return ("list", parts) if len(parts) > 1 else ("scalar", [s])
+
+
+def solution_groups(s: str) -> list[str] | None:
+    """Several solutions, each naming the same unknowns (`p=5, q=2; p=7, q=2`, `x=1, y=2 \\text{ or } x=3, y=4`),
+    as one labelled tuple per solution (`(p=5, q=2)`, `(p=7, q=2)`); None when `s` is not that.
+
+    Without this, the separators would make one flat list of four labelled values.
+    """
+    groups = split_top(s, _GROUP_SEP)
+    if len(groups) < 2:
+        return None
+    names = None
+    for g in groups:
+        named = [label(p) for p in split_top(g, _COMMA)]
+        keys = [n for n, _ in named]
+        if len(named) < 2 or not all(keys) or len(set(keys)) != len(keys) or (names is not None and set(keys) != names):
+            return None
+        names = set(keys)
+    return [f"({g})" for g in groups]
 
 
 def _coordinates(inner: str) -> list[str]:
@@ -181,12 +204,13 @@ def label(part: str) -> tuple[str | None, str]:
 
 
 def drop_lhs(pred: str, gold: str) -> str:
-    """`x = 5` → `5`, `(x, y) = (1, 2)` → `(1, 2)` when the gold is not itself an equation;
+    """`x = 5` → `5`, `(x, y) = (1, 2)` → `(1, 2)` when the gold is not itself an equation (and `pred` is not
+    several solutions, `x = 1, y = 2; x = 3, y = 4`, whose names are read by `solution_groups`);
     `x \\in \\{1, 2\\}` → `\\{1, 2\\}` when the gold does not say `\\in`."""
     m = _IN_LHS.fullmatch(pred)
     if m and "\\in" not in gold:
         return m.group(1)
-    if "=" in gold or re.search(r"\\[lg]e|<|>", pred):
+    if "=" in gold or re.search(r"\\[lg]e|<|>", pred) or solution_groups(pred):
         return pred
     m = _NAMES_LHS.fullmatch(pred) or re.fullmatch(r"\s*(?:[A-Za-z]|\\[a-zA-Z]+|[A-Za-z]_\{?\w+\}?|\\text\{[^{}]*\})\s*=\s*(.+)", pred, re.S)
     return m.group(1) if m else pred

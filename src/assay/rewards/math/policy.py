@@ -13,7 +13,9 @@ import re
 from assay.rewards.math.extract import HEDGE_IN
 
 _OR_WORD = re.compile(r"or|\\lor|\\text\{\s*or\s*\}", re.I)
-_NEQ = re.compile(r"\\neq")
+_NEQ = re.compile(r"\\neq?(?![A-Za-z])")
+#: a reference that says "not equal" in any spelling uses the qualifier `\\neq` itself
+_NEQ_SPELLED = re.compile(r"\\neq?(?![A-Za-z])|!=")
 _PM = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|±|∓")
 
 
@@ -21,12 +23,13 @@ def hedge_reason(pred: str, gold: str, multi: bool, or_joins: bool = False) -> s
     """"hedged" when `pred` hedges relative to the reference `gold`, else None.
 
     Hedges: a qualifier (`or`, `either`, `maybe`, `?`, `between`, `to`, `not`, `about`,
-    `\\approx`, … see `HEDGE_IN`) the reference does not use itself, `\\pm` / `\\mp` when
+    `\\approx`, `\\neq` or `\\ne`, … see `HEDGE_IN`) the reference does not use itself (a
+    reference saying `!=` uses `\\neq`), `\\pm` / `\\mp` when
     the reference has none and one value, `and` joining values for a one-value reference.
     A bare "or" joins parts, not a hedge, when the reference has several parts (`multi`)
     or is a union of intervals / an inequality (`or_joins`, which also allows `\\neq`).
     """
-    if not HEDGE_IN.search(gold):
+    if not (HEDGE_IN.search(gold) or _NEQ_SPELLED.search(gold)):
         for m in HEDGE_IN.finditer(pred):
             cue = m.group(0)
             if not ((multi or or_joins) and _OR_WORD.fullmatch(cue) or or_joins and _NEQ.fullmatch(cue)):
