@@ -42,6 +42,22 @@ class FailsToLoad(Reward):
         return RewardResult(1.0)
 
 
+class SlowToLoad(Reward):
+    """Needs 2 s of loading (a model, say) before it can score: in `warm`, or else at its first item."""
+
+    def __init__(self):
+        self._loaded = False
+
+    def warm(self):
+        time.sleep(2.0)
+        self._loaded = True
+
+    def score(self, t):
+        if not self._loaded:
+            self.warm()
+        return RewardResult(1.0)
+
+
 class RandomSteps(Reward):
     """A process reward for tests: the completion split in two steps, each scored 0/1 at random.
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from _reward_helpers import FailsToLoad, Misbehave, traj
+from _reward_helpers import FailsToLoad, Misbehave, SlowToLoad, traj
 from assay.errors import AssayError
 from assay.rewards.executor import RewardExecutor
 from assay.rewards.math import MathReward
@@ -143,3 +143,13 @@ def test_a_script_without_a_main_guard_can_use_worker_processes(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("top-level code ran") == 1
     assert "forkserver [1.0, 1.0, 1.0, 1.0]" in p.stdout and "fork [1.0, 1.0, 1.0, 1.0]" in p.stdout
+
+
+def test_a_worker_warms_its_reward_before_the_first_deadline_starts():
+    """Loading (2 s) is not scoring: the first item of a fresh worker has its whole 1 s deadline."""
+    with RewardExecutor(SlowToLoad(), workers=1, timeout=1.0) as ex:
+        first = ex.score([traj("a")])[0]
+        assert first.score == 1.0 and first.error is None
+        os.kill(ex._pool._workers[0].proc.pid, 9)  # its replacement warms up again, off the clock too
+        ex._pool._workers[0].proc.join(5)
+        assert ex.score([traj("b")])[0].score == 1.0

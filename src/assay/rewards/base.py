@@ -42,6 +42,9 @@ class Reward(abc.ABC):
         """Hyperparameters, readable for logging."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
+    def warm(self) -> None:
+        """Load what scoring needs (a model, say) now: a worker calls it once, before its first item's deadline starts."""
+
 
 def score_safely(reward: Reward, traj: Trajectory) -> RewardResult:
     """`reward.score(traj)`, with an exception turned into a failed result."""

@@ -47,8 +47,13 @@ _COUNTERS = ("items", "failures", "timeouts", "crashes", "raised", "none", "rest
 
 
 def load_reward(reward_bytes: bytes) -> Reward:
-    """In a worker, once: the reward it scores with."""
-    return pickle.loads(reward_bytes)
+    """In a worker, once: the reward it scores with, warmed (a model loaded before any item's clock starts)."""
+    reward = pickle.loads(reward_bytes)
+    for r in _rewards(reward):
+        warm = getattr(r, "warm", None)
+        if callable(warm):
+            warm()
+    return reward
 
 
 def score_item(reward_traj: tuple[Reward, Trajectory]) -> RewardResult:

@@ -76,6 +76,9 @@ class RMReward(_ModelReward):
         super().__init__(path, batch_size, "assay rm train")
         self.path, self.device, self.batch_size, self.verifier = str(path), device, batch_size, verifier
 
+    def warm(self) -> None:
+        loaded(self.path, self.device)
+
     def _score(self, batch: list[Trajectory]) -> list[RewardResult]:
         from assay.rm.model import score_texts
 
@@ -87,7 +90,6 @@ class RMReward(_ModelReward):
                 if check.score is not None and check.error is None:
                     r.components["verifier"] = float(check.score)
         return results
-
 
 
 @REWARDS.register("prm")
@@ -121,6 +123,9 @@ class PRMReward(_ModelReward):
         if split is not None:
             check_split(split)
         self.path, self.reduce, self.split, self.device, self.batch_size = str(path), reduce, split, device, batch_size
+
+    def warm(self) -> None:
+        loaded_prm(self.path, self.device)
 
     def _score(self, batch: list[Trajectory]) -> list[RewardResult]:
         from assay.rm.prm import reduce_steps, score_completions
