@@ -32,7 +32,7 @@ VARIANTS = {
 def run(name: str, overrides: list[str], out: Path, steps: int, eval_every: int, seed: int, threads: int, minibatches: int) -> list[dict]:
     from assay.config import load_config
     from assay.report.metrics import read_metrics
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     run_name = name.replace("+", "p").replace(".", "")
     shutil.rmtree(out / run_name, ignore_errors=True)

@@ -88,7 +88,7 @@ def run_assay(spec: dict) -> dict:
     """`Trainer.learn(collect())` step by step with `rollout.backend` = spec's backend."""
     from assay.bench.config import BenchConfig
     from assay.bench.workers import assay_run_config
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     bench = BenchConfig(prompts_per_step=spec["prompts"], group_size=spec["group"], max_new_tokens=spec["max_new_tokens"],
                         steps=spec["steps"], warmup=1, reward_workers=0)

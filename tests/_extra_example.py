@@ -1,9 +1,9 @@
-"""The docs' example of a new extra and the estimator that needs it (assay.train.extras)."""
+"""The docs' example of a new extra and the estimator that needs it (assay.training.extras)."""
 
 import torch
 
 from assay.algos.advantages import declare, grpo
-from assay.train.extras import EXTRAS, Extra
+from assay.training.extras import EXTRAS, Extra
 
 CALLS = {"prompt_len": 0}
 

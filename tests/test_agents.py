@@ -21,7 +21,7 @@ from assay.errors import AssayError
 from assay.report.metrics import read_metrics
 from assay.rollout.base import SamplingParams, make_sampler
 from assay.rollout.multiturn import Budget, MultiTurn, episode_metrics
-from assay.train import learner
+from assay.training import learner
 from assay.types import RewardResult, Sample
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -288,7 +288,7 @@ def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
 def test_an_env_run_resumes_bit_for_bit(tmp_path):
     from _train_helpers import weights
 
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     def cfg(name, steps):
         return load_config(None, [f"output_dir={tmp_path}", f"run_name={name}", f"train.steps={steps}", "train.eval_every=0",

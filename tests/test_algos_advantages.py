@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from assay.algos import ADVANTAGES, compute_gae, explained_variance, requirements, step_to_token
-from assay.train.extras import EXTRAS
+from assay.training.extras import EXTRAS
 from assay.algos.advantages import group_stats
 
 nan = math.nan

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, hyperparameters, requirements
-from assay.train.extras import EXTRAS
+from assay.training.extras import EXTRAS
 
 N_GROUPS, G, T = 4, 4, 7
 B = N_GROUPS * G

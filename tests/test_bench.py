@@ -91,7 +91,7 @@ def check_framework(s, report):
     assert s["ideal_gflop_per_step"] == pytest.approx(ideal / 1e9)
     assert s["limit_s_per_step"] == pytest.approx(ideal / (report["matmul"]["gflops"] * 1e9))
     # what the model really processed covers at least each distinct prompt once and every completion
-    # token but the last (the shared-prefix forward, assay.train.forward); padding only adds
+    # token but the last (the shared-prefix forward, assay.training.forward); padding only adds
     assert step["grad_tokens"] >= sum(step["prompt_lens"]) + step["completion_tokens"] - 64
     assert step["nograd_tokens"] >= sum(step["prompt_lens"]) + step["completion_tokens"] - 64  # the last token of a completion is never fed back
 

@@ -21,7 +21,7 @@ from assay.errors import AssayError
 from assay.models import build_tiny_model, quiet_hf
 from assay.models.chat import CHATML, build_chat_tokenizer, stop_token_ids
 from assay.rollout.base import encode_prompt, stop_ids
-from assay.train.rl import Trainer
+from assay.training.rl import Trainer
 from assay.types import Sample, Trajectory
 
 FAMILIES = {"qwen2": "chatml", "llama": "llama3"}

@@ -8,8 +8,8 @@ import torch
 from assay.algos import explained_variance
 from assay.config import CriticConfig
 from assay.models import load_policy
-from assay.train.critic import Critic
-from assay.train.learner import collate
+from assay.training.critic import Critic
+from assay.training.learner import collate
 from assay.types import RewardResult, Sample, Trajectory
 
 
@@ -100,7 +100,7 @@ def test_critic_weights_and_optimizer_round_trip(policy):
 
 def test_resuming_a_run_without_a_critic_as_gae_is_refused_in_one_line(tiny_model_dir, tmp_path):
     from assay.errors import AssayError
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
     from test_train_algos import cfg
 
     d = Trainer(cfg(tiny_model_dir, tmp_path, "plain", "train.steps=1")).fit(progress=False).run_dir

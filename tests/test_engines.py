@@ -18,8 +18,8 @@ from assay.envs import Environment, Step
 from assay.errors import AssayError
 from assay.rollout.base import SamplingParams
 from assay.rollout.multiturn import Budget, MultiTurn
-from assay.train import learner
-from assay.train.rl import Trainer
+from assay.training import learner
+from assay.training.rl import Trainer
 from assay.types import RewardResult
 
 pytestmark = pytest.mark.engine

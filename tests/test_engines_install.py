@@ -34,7 +34,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_importing_assay_and_naming_an_engine_backend_imports_no_engine():
     proc = run_python("import sys\nfrom assay.rollout.base import check_backend\nfrom assay.config import load_config\n"
                       "check_backend('vllm'); check_backend('openai'); load_config(None, ['rollout.backend=vllm'])\n"
-                      "import assay.train.rl, assay.cli\nassert 'vllm' not in sys.modules, 'vllm was imported'\nprint('ok')")
+                      "import assay.training.rl, assay.cli\nassert 'vllm' not in sys.modules, 'vllm was imported'\nprint('ok')")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 

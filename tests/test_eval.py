@@ -83,7 +83,7 @@ def test_the_trainers_held_out_accuracy_is_evaluate(bundled, tmp_path):
     """Row 0 of a run is the untouched model's held-out greedy accuracy, the same figure `evaluate` gives."""
     from assay.config import load_config
     from assay.report.metrics import read_metrics
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     model, tok, task, reward = bundled
     cfg = load_config(None, [f"output_dir={tmp_path}", "run_name=e", "train.steps=1", "train.eval_n=120", "train.eval_every=0",
@@ -116,7 +116,7 @@ def test_eval_a_data_file_with_the_training_field_mapping_and_any_reward(bundled
 
 def test_eval_a_run_on_its_own_held_out_data(tiny_model_dir, tmp_path):
     from assay.config import load_config
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     rows = [{"question": f"{i}+{i}=", "solution": str(2 * i)} for i in range(60)]
     data = tmp_path / "d.jsonl"

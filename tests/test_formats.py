@@ -23,7 +23,7 @@ from assay.data.formats import FORMATS, gsm8k_answer, last_boxed
 from assay.errors import AssayError
 from assay.eval.run import evaluate_model
 from assay.report.metrics import read_metrics
-from assay.train.rl import Trainer
+from assay.training.rl import Trainer
 from assay.types import Trajectory
 
 

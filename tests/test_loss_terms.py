@@ -16,7 +16,7 @@ from assay.data.tasks import make_task
 from assay.models import build_char_tokenizer, build_tiny_model, quiet_hf
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
-from assay.train import learner
+from assay.training import learner
 from assay.types import RewardResult
 
 quiet_hf()

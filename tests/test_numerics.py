@@ -16,7 +16,7 @@ from assay.models import build_char_tokenizer, quiet_hf
 from assay.models.llama import supported
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
-from assay.train import learner
+from assay.training import learner
 from assay.models.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult
 

@@ -10,8 +10,8 @@ from _train_helpers import LEARNING_SIGNAL
 from assay.config import load_config
 from assay.errors import AssayError
 from assay.report.metrics import read_metrics
-from assay.train.health import RunCannotLearn
-from assay.train.rl import Trainer
+from assay.training.health import RunCannotLearn
+from assay.training.rl import Trainer
 
 
 def cfg(model_dir, out, name, *extra):
@@ -120,7 +120,7 @@ def test_options_anywhere_a_readable_model_and_a_summary_over_many_steps(tiny_mo
 
 
 def test_the_summary_reward_averages_the_last_tenth_of_the_steps():
-    from assay.train.rl import _recent_reward
+    from assay.training.rl import _recent_reward
 
     rows = [{"step": i, "reward/mean": float(i)} for i in range(1, 101)] + [{"step": 100, "eval/accuracy": 0.5}]
     assert _recent_reward(rows) == {"train reward (mean of the last 10 steps)": sum(range(91, 101)) / 10}

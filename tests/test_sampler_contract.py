@@ -17,7 +17,7 @@ import torch
 from assay.data.tasks import make_task
 from assay.models import build_char_tokenizer, quiet_hf
 from assay.rollout.base import Sampler, SamplingParams, make_sampler
-from assay.train import learner
+from assay.training import learner
 from assay.types import RewardResult
 
 quiet_hf()

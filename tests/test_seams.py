@@ -10,8 +10,8 @@ import torch
 from assay.algos import ADVANTAGES, bind_args
 from assay.config import AlgoConfig
 from assay.errors import AssayError
-from assay.train import learner
-from assay.train.learner import collate, compute_advantages
+from assay.training import learner
+from assay.training.learner import collate, compute_advantages
 from assay.types import RewardResult, Sample, Trajectory
 
 
@@ -88,10 +88,10 @@ def test_tokens_the_model_was_shown_stay_out_of_the_loss(tiny_model_dir):
 
 
 def test_an_estimator_with_a_new_extra_touches_two_places(tiny_model_dir, tmp_path):
-    """The example of assay.train.extras: one provider, one estimator, selected by module:attr."""
+    """The example of assay.training.extras: one provider, one estimator, selected by module:attr."""
     from assay.config import load_config
     from assay.report.metrics import read_metrics
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=x", "train.steps=2", "train.eval_n=4",
                              "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=3", "reward={name: random}",

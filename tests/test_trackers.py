@@ -21,7 +21,7 @@ import pytest
 from _train_helpers import LEARNING_SIGNAL
 from assay.config import load_config
 from assay.report.metrics import read_metrics
-from assay.train.rl import Trainer
+from assay.training.rl import Trainer
 
 SRC = str(Path(__import__("assay").__file__).resolve().parents[1])
 

@@ -16,8 +16,8 @@ from assay.algos import ADVANTAGES, POLICY_LOSSES, requirements
 from assay.config import AlgoConfig, load_config
 from assay.errors import AssayError
 from assay.report.metrics import read_metrics
-from assay.train.learner import collate, compute_advantages
-from assay.train.rl import Trainer
+from assay.training.learner import collate, compute_advantages
+from assay.training.rl import Trainer
 from assay.types import RewardResult, Sample, Trajectory
 
 NEEDS_CRITIC = {name for name in ADVANTAGES.names() if "values" in requirements(name)}
@@ -35,7 +35,7 @@ def cfg(model_dir, out, name, *extra):
 @pytest.fixture
 def first_batch(monkeypatch):
     """Records the first step's batch and the advantages the trainer computed for it."""
-    import assay.train.rl as rl
+    import assay.training.rl as rl
 
     seen = {}
     real = rl.compute_advantages
@@ -176,7 +176,7 @@ def test_mismatch_weights_scale_the_policy_loss(tiny_model_dir, tmp_path, monkey
 
 
 def test_mismatch_is_off_by_default_with_no_extra_forward_pass(tiny_model_dir, tmp_path, monkeypatch):
-    import assay.train.rl as rl
+    import assay.training.rl as rl
 
     calls = {"n": 0}
     real = rl.token_logprobs

@@ -13,7 +13,7 @@ import pytest
 from _train_helpers import LEARNING_SIGNAL, assert_learned, assert_same_update, weights
 from assay.config import load_config
 from assay.report.metrics import read_metrics
-from assay.train.rl import Trainer
+from assay.training.rl import Trainer
 
 
 def run_cfg(model_dir, out, name, *extra):

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from assay.config import SelectionConfig
-from assay.train.groups import PromptPicker
-from assay.train.rl import Trainer
+from assay.training.groups import PromptPicker
+from assay.training.rl import Trainer
 from assay.types import RewardResult, Sample, Trajectory
 from test_train_algos import cfg, trained_steps
 

@@ -17,7 +17,7 @@ from assay.algos import ADVANTAGES, requirements
 from assay.algos.turns import held_returns, outcome_turn_rewards, progress_deltas, turn_to_token
 from assay.config import load_config
 from assay.models import resolve_model_path
-from assay.train.extras import turn_tensors
+from assay.training.extras import turn_tensors
 from assay.types import Sample, Trajectory
 
 NAN = math.nan
@@ -199,8 +199,8 @@ def test_assay_train_with_turn_credit_moves_the_weights(tmp_path, advantage):
 
 def test_in_a_run_the_turns_of_an_episode_get_their_own_advantages(tmp_path, monkeypatch):
     """The trainer builds the extras from real episodes: every model turn gets credit, environment tokens get 0."""
-    import assay.train.rl as rl
-    from assay.train.rl import Trainer
+    import assay.training.rl as rl
+    from assay.training.rl import Trainer
 
     seen = []
     real = rl.compute_advantages

@@ -131,7 +131,7 @@ def test_segment_locked_is_grpo_on_single_turns_and_refuses_an_unknown_segmentat
         adv = ADVANTAGES.get("segment_locked")(rewards, g, mask, turn_rewards=tr, turn_index=index, segments=segments)
         torch.testing.assert_close(adv, ADVANTAGES.get("grpo")(rewards, g, mask))
     cfg = load_config(None, ["algo.advantage=segment_locked", "algo.advantage_args={segments: step}"])
-    from assay.train.learner import estimator_args
+    from assay.training.learner import estimator_args
 
     with pytest.raises(AssayError, match="segments=.step. is not one of .role., .turn. for segment_locked") as e:
         estimator_args(cfg.algo)
@@ -146,11 +146,11 @@ def test_training_on_retry_episodes(tmp_path, monkeypatch, advantage):
     """Two steps on `_agents_env:Retry`: the weights move, every step has a gradient, and turn_gae's critic fits per-turn returns."""
     from _train_helpers import assert_learned
 
-    import assay.train.critic as critic
-    import assay.train.rl as rl
+    import assay.training.critic as critic
+    import assay.training.rl as rl
     from assay.models import resolve_model_path
     from assay.report.metrics import read_metrics
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     seen, fits = [], []
     real_adv, real_fit = rl.compute_advantages, critic.Critic.fit
@@ -183,9 +183,9 @@ def test_the_critic_learns_per_turn_returns(tiny_model_dir):
     """Fitted to `turn_value_targets`, the critic comes to explain each turn's return at the turn's first token."""
     from assay.config import CriticConfig
     from assay.models import load_policy
-    from assay.train.critic import Critic
-    from assay.train.extras import turn_tensors
-    from assay.train.learner import collate
+    from assay.training.critic import Critic
+    from assay.training.extras import turn_tensors
+    from assay.training.learner import collate
     from assay.types import RewardResult, Sample, Trajectory
 
     torch.manual_seed(0)

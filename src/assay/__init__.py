@@ -24,11 +24,11 @@ __version__ = "0.1.0"
 #: name → module that defines it (imported on first use)
 _LAZY = {
     "train": "assay.api", "evaluate": "assay.api", "score": "assay.api", "run_config": "assay.api",
-    "RunConfig": "assay.config", "RunResult": "assay.train.rl",
+    "RunConfig": "assay.config", "RunResult": "assay.training.rl",
     "Reward": "assay.protocols", "AdvantageEstimator": "assay.protocols", "PolicyLoss": "assay.protocols", "Sampler": "assay.protocols",
-    "SamplingParams": "assay.protocols", "Extra": "assay.train.extras",
+    "SamplingParams": "assay.protocols", "Extra": "assay.training.extras",
     "REWARDS": "assay.rewards.base", "ADVANTAGES": "assay.algos", "POLICY_LOSSES": "assay.algos", "SAMPLERS": "assay.rollout.base",
-    "EXTRAS": "assay.train.extras", "declare": "assay.algos.advantages",
+    "EXTRAS": "assay.training.extras", "declare": "assay.algos.advantages",
 }
 
 if TYPE_CHECKING:
@@ -39,16 +39,14 @@ if TYPE_CHECKING:
     from assay.protocols import AdvantageEstimator, PolicyLoss, Reward, Sampler, SamplingParams
     from assay.rewards.base import REWARDS
     from assay.rollout.base import SAMPLERS
-    from assay.train.extras import EXTRAS, Extra
-    from assay.train.rl import RunResult
+    from assay.training.extras import EXTRAS, Extra
+    from assay.training.rl import RunResult
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        if name == "train":  # the package `assay.train` is the callable API function (see its docstring)
-            return importlib.import_module("assay.train")
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -25,7 +25,7 @@ from assay.types import RewardResult, Trajectory
 
 if TYPE_CHECKING:
     from assay.rewards.base import Reward
-    from assay.train.rl import RunResult
+    from assay.training.rl import RunResult
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | Path | None
 
@@ -73,12 +73,12 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         `metrics()` (the rows of `metrics.jsonl`).
     Raises:
         AssayError: a user mistake, in one line. KeyboardInterrupt (Ctrl-C) or
-        `assay.train.interrupt.Preempted` (SIGTERM) after the checkpoint is saved; the
+        `assay.training.interrupt.Preempted` (SIGTERM) after the checkpoint is saved; the
         exception's `run_dir` and `step` say where to resume.
     """
-    from assay.train.interrupt import Preempted
-    from assay.train.rl import RunResult, Trainer
-    from assay.train.runs import resume_config
+    from assay.training.interrupt import Preempted
+    from assay.training.rl import RunResult, Trainer
+    from assay.training.runs import resume_config
 
     if resume is not None and config is not None:
         raise AssayError("resume continues the run with its own config; give only overrides (train.steps=...), not a config")

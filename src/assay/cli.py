@@ -31,7 +31,7 @@ def _stopped(e: BaseException, command: str) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from assay.api import train
-    from assay.train.interrupt import Preempted
+    from assay.training.interrupt import Preempted
 
     config_path, overrides = split_train_args(args.args)
     if args.resume and config_path:
@@ -169,7 +169,7 @@ def _serve_parser(sub) -> None:
 def cmd_rm_train(args: argparse.Namespace) -> int:
     from assay.rm.config import load_rm_config
     from assay.rm.train import train_rm
-    from assay.train.interrupt import Preempted
+    from assay.training.interrupt import Preempted
 
     config_path, overrides = split_train_args(args.args)
     if args.resume and config_path:

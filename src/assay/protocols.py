@@ -6,7 +6,7 @@
   with `needs` naming the extras (`@declare(needs=...)`); register in `ADVANTAGES`.
 - `PolicyLoss`: `(logprobs [B, T], old_logprobs [B, T], advantages [B, T], mask [B, T], **hyperparameters)
   -> (loss [B, T], metrics)`; register in `POLICY_LOSSES`.
-- `Extra` (`assay.train.extras`): makes one extra an estimator declared, `__call__(step) -> value`;
+- `Extra` (`assay.training.extras`): makes one extra an estimator declared, `__call__(step) -> value`;
   register in `EXTRAS`.
 - `Sampler` (`assay.rollout.base`): a generation backend, `generate(samples, n, params, generator)
   -> trajectories`, plus `update_weights`, `sleep`, `wake`, `close`; register in `SAMPLERS`.
@@ -42,4 +42,4 @@ class PolicyLoss(Protocol):
                  **kwargs: Any) -> "tuple[torch.Tensor, dict[str, float]]": ...
 
 
-__all__ = ["Reward", "AdvantageEstimator", "PolicyLoss", "Sampler", "SamplingParams"]  # Extra: assay.train.extras (imports torch)
+__all__ = ["Reward", "AdvantageEstimator", "PolicyLoss", "Sampler", "SamplingParams"]  # Extra: assay.training.extras (imports torch)

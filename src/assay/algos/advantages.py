@@ -11,7 +11,7 @@ Every estimator has the same signature, so the trainer never special-cases a nam
 - An estimator that needs more than these takes each *extra* as a keyword argument and
   declares their names with `@declare(needs=...)` (`fn.needs`; `requirements(name)`
   reads it back). The trainer produces each extra with the provider registered under its
-  name (`assay.train.extras.EXTRAS`: values, reference logprobs, greedy-rollout rewards,
+  name (`assay.training.extras.EXTRAS`: values, reference logprobs, greedy-rollout rewards,
   step rewards, an episode's turns, ...), and passes exactly the declared ones. Every other keyword
   parameter is a hyperparameter, set from `algo.advantage_args` and checked against the
   signature (`assay.algos.args`).
@@ -37,7 +37,7 @@ def declare(needs: Iterable[str] = (), mixes_groups: bool = False) -> Callable:
     """Decorator that records what an estimator needs from the trainer.
 
     Sets `fn.needs` (a frozenset of extra names, each produced by the provider of that
-    name in `assay.train.extras.EXTRAS`) and `fn.mixes_groups` (True when the estimator
+    name in `assay.training.extras.EXTRAS`) and `fn.mixes_groups` (True when the estimator
     normalises across groups, e.g. over the whole batch).
     """
     needs = frozenset(needs)

@@ -155,7 +155,7 @@ def reinforce(
 
 
 # a token whose advantage is 0 adds exactly zero loss and gradient under each of these, so the learner
-# may leave rows with zero advantage out of the update (`assay.train.learner.skips_inert_rows`)
+# may leave rows with zero advantage out of the update (`assay.training.learner.skips_inert_rows`)
 ppo_clip.zero_at_zero_advantage = gspo.zero_at_zero_advantage = cispo.zero_at_zero_advantage = True
 sapo.zero_at_zero_advantage = reinforce.zero_at_zero_advantage = True
 

@@ -1,7 +1,7 @@
 """Turn-level credit for multi-turn episodes: per-turn group baselines, progress deltas, GAE over turns, locked segments.
 
 Same signature as every estimator, `(rewards [B], group [B], mask [B, T], **extras) ->
-advantages [B, T]`. The episode's turns arrive as three extras (`assay.train.extras`):
+advantages [B, T]`. The episode's turns arrive as three extras (`assay.training.extras`):
 
 - `turn_rewards [B, K]`: the environment's reward for each of the episode's turns
   (`Trajectory.info["turn_rewards"]`), 0 where a turn gave none, NaN after the last turn;

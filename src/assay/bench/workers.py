@@ -99,7 +99,7 @@ def run_assay(cfg: BenchConfig, model_dir: str, work_dir: str, threads: int) -> 
 
     import torch
 
-    from assay.train.rl import Trainer
+    from assay.training.rl import Trainer
 
     trainer = Trainer(assay_run_config(cfg, model_dir, work_dir, threads))
     drawn: list[list] = []

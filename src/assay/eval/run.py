@@ -27,7 +27,7 @@ def _run_config(run: str):
 
 
 def _run_model(run: str) -> str:
-    from assay.train.checkpoint import latest_checkpoint
+    from assay.training.checkpoint import latest_checkpoint
 
     final = Path(run) / "final"
     if (final / "config.json").is_file():

@@ -80,7 +80,7 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     from rich.progress import Progress
 
     from assay.data.tasks import make_task
-    from assay.train.sft import SFTConfig, sft
+    from assay.training.sft import SFTConfig, sft
 
     quiet_hf()
     recipe = load_recipe(name)
@@ -122,7 +122,7 @@ def _batches(recipe: dict[str, Any], task, tok, stream, batch_size: int, rng: ra
 
     from assay.envs.base import env_factory
     from assay.recipes.demos import episode_rows, tool_demos
-    from assay.train.sft import encode_rows
+    from assay.training.sft import encode_rows
 
     make_env, demos = env_factory(recipe["env"]["name"], recipe["env"].get("args")), recipe["demos"]
     batches = (episode_rows(tool_demos(itertools.islice(stream, batch_size), tok, make_env, demos["tool_rate"], demos["corruption"], rng))

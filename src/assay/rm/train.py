@@ -31,10 +31,10 @@ from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, spl
 from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
-from assay.train.interrupt import Preempted, StopSignals
-from assay.train.checkpoint import clean_leftovers, load_state, prune_checkpoints, save_checkpoint
-from assay.train.progress import RunProgress, _f
-from assay.train.runs import RUN_FILE, new_run_dir, resumed_config, write_config
+from assay.training.interrupt import Preempted, StopSignals
+from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, save_checkpoint
+from assay.training.progress import RunProgress, _f
+from assay.training.runs import RUN_FILE, new_run_dir, resumed_config, write_config
 
 
 @dataclass

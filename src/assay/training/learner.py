@@ -341,7 +341,7 @@ def loss_args(algo: AlgoConfig) -> dict:
 def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict | None = None, args: dict | None = None) -> torch.Tensor:
     """Advantages `[B, T]` from the estimator named in the config, given exactly the extras it declares.
 
-    `extras` holds this step's values of the extras (`assay.train.extras`); an estimator
+    `extras` holds this step's values of the extras (`assay.training.extras`); an estimator
     whose needs are not all there is refused in one line. `args` are the bound
     hyperparameters (`estimator_args`; bound here when not given).
     """
@@ -350,7 +350,7 @@ def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict | None = Non
     needs = requirements(algo.advantage)
     missing = sorted(n for n in needs if n not in extras)
     if missing:
-        from assay.train.extras import EXTRAS
+        from assay.training.extras import EXTRAS
 
         docs = "; ".join(f"{n}: {EXTRAS.get(n).doc}" for n in missing if n in EXTRAS)
         raise AssayError(f"algo.advantage={algo.advantage!r} needs {', '.join(missing)}, which this run does not supply" + (f" ({docs})" if docs else ""))

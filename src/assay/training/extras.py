@@ -42,7 +42,7 @@ from assay.types import RewardResult, Sample, Trajectory
 class StepData:
     """What one training step hands to the providers."""
 
-    batch: Any  # assay.train.learner.Batch
+    batch: Any  # assay.training.learner.Batch
     trajs: list[Trajectory]
     results: list[RewardResult]
     prompts: list[Sample]  # one per group, in group order
@@ -88,7 +88,7 @@ def build_extras(trainer: Any, needs: frozenset[str], estimator: str) -> dict[st
     for name in sorted(needs):
         if name not in EXTRAS:
             raise AssayError(f"algo.advantage={estimator!r} needs {name!r}, which no extra provides; known extras: {', '.join(EXTRAS.names())} "
-                             "(register one in assay.train.extras.EXTRAS)")
+                             "(register one in assay.training.extras.EXTRAS)")
         out[name] = EXTRAS.get(name)(trainer)
     return out
 
@@ -144,7 +144,7 @@ class RefLogprobs(Extra):
             raise AssayError(f"algo.advantage={trainer.cfg.algo.advantage!r} needs ref_logprobs: set algo.kl_coef > 0 to load a reference model")
 
     def __call__(self, step):
-        from assay.train.learner import token_logprobs
+        from assay.training.learner import token_logprobs
 
         cfg = self.trainer.cfg
         with torch.no_grad():
@@ -167,7 +167,7 @@ class GreedyRewards(Extra):
 
 def _step_tensors(step: StepData, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     if "steps" not in step.cache:
-        from assay.train.learner import step_tensors
+        from assay.training.learner import step_tensors
 
         step.cache["steps"] = step_tensors(step.trajs, step.results, tokenizer)
     return step.cache["steps"]
@@ -191,7 +191,7 @@ class StepEnds(Extra):
 
 @EXTRAS.register("values")
 class Values(Extra):
-    """The learned critic (`assay.train.critic`): V before the update, fitted to the estimator's returns after it.
+    """The learned critic (`assay.training.critic`): V before the update, fitted to the estimator's returns after it.
 
     The targets are the estimator's `value_targets` (`turn_gae`: each turn's λ-return on the
     turn's first token), by default `gae_targets` (token-level GAE returns). Their discount
@@ -204,7 +204,7 @@ class Values(Extra):
 
     def __init__(self, trainer):
         from assay.algos import ADVANTAGES
-        from assay.train.critic import Critic, gae_targets
+        from assay.training.critic import Critic, gae_targets
 
         super().__init__(trainer)
         cfg = trainer.cfg

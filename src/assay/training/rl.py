@@ -33,19 +33,19 @@ from assay.report.trackers import Trackers, check_trackers
 from assay.rewards.executor_factory import make_executor
 from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
 from assay.rollout.multiturn import counting_off, episode_sampler
-from assay.train.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
+from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
 from assay.data.selection import DynamicFilter, scored_rewards
-from assay.train.extras import StepData, build_extras
-from assay.train.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
+from assay.training.extras import StepData, build_extras
+from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
-from assay.train.health import HealthGates, RunCannotLearn, sample_rows
-from assay.train.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
+from assay.training.health import HealthGates, RunCannotLearn, sample_rows
+from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
                                  token_logprobs)
-from assay.train.interrupt import Preempted, StopSignals
-from assay.train.progress import RunProgress
-from assay.train.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
+from assay.training.interrupt import Preempted, StopSignals
+from assay.training.progress import RunProgress
+from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
 
 
 def _stem(extra: str) -> str:
@@ -365,7 +365,7 @@ class Trainer:
         """Train to `train.steps`, evaluate, save, write the report and `final/`.
 
         Ctrl-C and SIGTERM stop it at a safe point with a checkpoint of the last finished
-        step (`assay.train.interrupt`); `KeyboardInterrupt` or `Preempted` then propagates.
+        step (`assay.training.interrupt`); `KeyboardInterrupt` or `Preempted` then propagates.
         """
         cfg = self.cfg
         last: dict[str, float] = {}

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from assay.config import RunConfig, apply_override, explain
 from assay.errors import AssayError
-from assay.train.checkpoint import latest_checkpoint, load_state
+from assay.training.checkpoint import latest_checkpoint, load_state
 
 RUN_FILE = "run.json"
 
