@@ -127,7 +127,8 @@ _CORRECTION_CUE = re.compile(
     r"i mean|re-?check|fix|error|recompute|recalculate|redo)\b",
     re.I,
 )
-_ANCHOR = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:|=)?\s*[:=]?\s*(?:\*\*)?\s*(?::\s*)?|^####\s*", re.I | re.M)
+_ANCHOR = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:|=)?\s*[:=]?\s*(?:\*\*)?\s*(?::\s*)?|"
+                     r"\bthe solutions?\s+(?:is|are)\b\s*:?\s*|^####\s*", re.I | re.M)
 _BARE = re.compile(r"^\$*\s*([^$\n]{1,40}?)\s*\$*\.?$")
 _MATH_ONLY = re.compile(r"\$\$(.+?)\$\$\.?|\$((?:[^$]|\\\$)+?)\$\.?|\\\((.+?)\\\)\.?|\\\[(.+?)\\\]\.?", re.S)
 _WORD = re.compile(r"(?<!\\)\b[A-Za-z]{3,}\b")
