@@ -80,3 +80,21 @@ def test_an_executor_closed_for_good_starts_no_workers_again():
     ex.close(final=True)
     with pytest.raises(AssayError, match="closed for good"):
         ex.score([traj])
+
+
+def test_a_close_between_dispatch_and_wait_fails_the_jobs_instead_of_raising():
+    # the stream thread has sent its chunks and not yet waited on the pipes when another thread
+    # closes the pool: waiting on a closed pipe raised OSError ("handle is closed") out of stream
+    wp = WorkerPool("time:sleep", workers=2)
+    dispatch = wp._dispatch
+
+    def dispatch_then_close(k, *args):
+        dispatch(k, *args)
+        if k == len(wp._workers) - 1:
+            t = threading.Thread(target=wp.close)
+            t.start()
+            t.join()
+
+    wp._dispatch = dispatch_then_close
+    out = wp.stream([5, 5, 5, 5], 30.0, chunk=1)
+    assert len(out) == 4 and all(isinstance(r, WorkerFailure) and r.reason == "crashed" for r in out), out

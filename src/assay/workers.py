@@ -311,7 +311,12 @@ class WorkerPool:
         busy = [w for w in self._workers if w.items]
         if not busy:
             return
-        ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], max(0.0, min(w.deadline for w in busy) - time.monotonic())))
+        try:
+            ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], max(0.0, min(w.deadline for w in busy) - time.monotonic())))
+        except (OSError, ValueError):  # a `close` in another thread closed a pipe since the loop's check
+            if not self._closed:
+                raise
+            return
         for w in busy:
             with contextlib.suppress(EOFError, OSError):
                 while w.items and w.conn.poll():
