@@ -285,6 +285,20 @@ def test_restatement_scan_stays_cheap(math_reward):
     assert time.perf_counter() - t < 5.0
 
 
+def test_claim_before_an_anchor_stays_cheap_on_runs_of_spaces():
+    # every anchor with no claim after it reads back up to 2,000 characters for "… is the answer":
+    # a leading \s* in that search made each read quadratic in a run of spaces (2.4 s for 100k characters)
+    import time
+
+    from assay.rewards.math.extract import _IS_BEFORE
+
+    t = time.perf_counter()
+    assert extract_answer(("answer$$" + " " * 2000) * 50).reason == "no_answer"
+    assert extract_answer(("the solution is$$" + " " * 2000) * 50).reason == "no_answer"
+    assert time.perf_counter() - t < 0.5
+    assert _IS_BEFORE.search("$7$   is   the ").start() == 6  # what is before it is unchanged: `$7$` after rstrip
+
+
 # --------------------------------------------------------------------- "not equal", any spelling
 
 NOT_EQUAL = [

@@ -219,7 +219,7 @@ def _statement(text: str, m: re.Match[str]) -> Extraction | None:
     return Extraction(before, "anchored", m.end()) if before else None
 
 
-_IS_BEFORE = re.compile(r"\s*(?:is|was)\s+(?:(?:the|our|my)\s+)?$", re.I)
+_IS_BEFORE = re.compile(r"(?:is|was)\s+(?:(?:the|our|my)\s+)?$", re.I)  # no leading \s*: quadratic on a run of spaces
 _MATH_SPAN = re.compile(r"\$\$([^$]+)\$\$|\$((?:[^$]|\\\$)+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 _VALUE_AT_END = re.compile(r"(?<![\w.,/])" + VALUE + r"$")
 _LIST_BEFORE = re.compile(r"(?:\$|\d|\\\)|\})\s*(?:,|\bor|\band|\\text\{\s*(?:or|and)\s*\})\s*\$*\s*$", re.I)
