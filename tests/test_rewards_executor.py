@@ -153,3 +153,25 @@ def test_a_worker_warms_its_reward_before_the_first_deadline_starts():
         os.kill(ex._pool._workers[0].proc.pid, 9)  # its replacement warms up again, off the clock too
         ex._pool._workers[0].proc.join(5)
         assert ex.score([traj("b")])[0].score == 1.0
+
+
+def test_rewards_inside_a_rubrics_criteria_are_warmed_and_counted():
+    """A rubric keeps each `check: reward` criterion's reward in a `Criterion` dataclass: the walk over the
+    reward tree (warm in a worker, preload modules, `reward_stats`) must reach it."""
+    from assay.rewards.executor import _modules, _rewards, reward_stats
+    from assay.rewards.spec import build_reward
+
+    rubric = build_reward({"name": "rubric", "args": {"criteria": [{"name": "m", "check": "reward", "reward": "math"}]}})
+    inner = rubric.criteria[0].reward
+    assert any(r is inner for r in _rewards(rubric))
+    assert type(inner).__module__ in _modules(rubric)
+
+    class Counting(Reward):
+        def score(self, t):
+            return RewardResult(1.0)
+
+        def stats(self):
+            return {"reward/x/requests": 2.0}
+
+    rubric.criteria[0].reward = Counting()
+    assert reward_stats(rubric) == {"reward/x/requests": 2.0}

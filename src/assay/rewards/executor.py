@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import pickle
 import time
 from typing import Any, Iterator
@@ -68,7 +69,8 @@ def _preload(reward: Reward) -> list[str]:
 
 
 def _rewards(reward: Reward) -> Iterator[Reward]:
-    """A reward and every reward inside it (attributes, and lists, tuples and dicts of them), each once."""
+    """A reward and every reward inside it (attributes, lists, tuples and dicts of them, and dataclasses
+    such as a rubric's criteria holding them), each once."""
     seen, todo = set(), [reward]
     while todo:
         r = todo.pop()
@@ -76,8 +78,20 @@ def _rewards(reward: Reward) -> Iterator[Reward]:
             continue
         seen.add(id(r))
         yield r
-        for v in vars(r).values():
-            todo += [v] if isinstance(v, Reward) else [x for x in (v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else []) if isinstance(x, Reward)]
+        todo += _inside(vars(r).values())
+
+
+def _inside(values: Any) -> list[Reward]:
+    """The rewards among a reward's attribute values: one level into lists, tuples and dicts, and into a
+    dataclass's fields (a rubric's `Criterion.reward`); never deeper (a reward's data tables are not walked)."""
+    out: list[Reward] = []
+    for v in values:
+        for x in v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(x, Reward):
+                out.append(x)
+            elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+                out += [y for f in dataclasses.fields(x) if isinstance(y := getattr(x, f.name, None), Reward)]
+    return out
 
 
 def _modules(reward: Reward) -> list[str]:
