@@ -177,3 +177,25 @@ def test_eval_with_an_unknown_environment_is_one_line():
     p = subprocess.run([sys.executable, "-m", "assay.cli", "eval", "--env", "{name: calculator, max_turns: 0}", "--k", "0", "--n", "5"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "max_turns" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_split_episode_counts_once_and_keeps_the_pass_at_k_groups_aligned():
+    """A chat episode split in parts (`info["segment"]`/`["segments"]`) is one episode: counting every part
+    weighed it twice and shifted every later problem's pass@k group by one."""
+    from assay.types import RewardResult, Sample, Trajectory
+
+    class Splitting:  # problem "a": every episode splits in two parts, the last scoring 1; problem "b": one part scoring 0
+        def generate(self, samples, n, params, generator=None):
+            out = []
+            for s in samples:
+                for _ in range(n):
+                    if s.id == "a":
+                        out += [Trajectory(s, "part", [], [], [], True, info={"segment": 0, "segments": 2, "reward": 1.0}),
+                                Trajectory(s, "end", [], [], [], True, info={"segment": 1, "segments": 2, "reward": 1.0})]
+                    else:
+                        out.append(Trajectory(s, "x", [], [], [], True, info={"reward": 0.0}))
+            return out
+
+    score = lambda trajs: [RewardResult(t.info["reward"]) for t in trajs]  # noqa: E731
+    r = evaluate(Splitting(), score, [Sample("a", "p", None), Sample("b", "p", None)], 4, k=2)
+    assert r.accuracy == 0.5 and r.pass_at_k == 0.5 and r.unscored == 0

@@ -83,6 +83,7 @@ def sample_and_score(sampler: Any, verify: Score, select: Score, problems: list[
     """Per problem `{id, prompt, completions [N], correct [N], scores [N], answers [N]}`: N seeded samples, verified and selector-scored."""
     import torch
 
+    from assay.eval.policy import _episodes
     from assay.rollout.base import SamplingParams
 
     gen = torch.Generator().manual_seed(seed)
@@ -90,7 +91,7 @@ def sample_and_score(sampler: Any, verify: Score, select: Score, problems: list[
     out = []
     for i in range(0, len(problems), step):
         chunk = problems[i : i + step]
-        trajs = sampler.generate(chunk, n_max, SamplingParams(max_new_tokens, temperature=temperature), gen)
+        trajs = _episodes(sampler.generate(chunk, n_max, SamplingParams(max_new_tokens, temperature=temperature), gen))  # one per episode
         checked, chosen = verify(trajs), select(trajs)
         for j, problem in enumerate(chunk):
             part = slice(j * n_max, (j + 1) * n_max)

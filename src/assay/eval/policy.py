@@ -44,6 +44,13 @@ def _correct(score: Score, trajs) -> list[float | None]:
     return [r.score for r in score(trajs)]
 
 
+def _episodes(trajs: list[Trajectory]) -> list[Trajectory]:
+    """One trajectory per episode: a chat episode split into parts (`info["segment"]` of `info["segments"]`,
+    `assay.rollout.multiturn`) is its last part, which carries the episode's reward and its final answer.
+    Every part counted would weigh a split episode more and shift each later problem's pass@k group."""
+    return [t for t in trajs if t.info.get("segment", 0) == t.info.get("segments", 1) - 1]
+
+
 def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tokens: int, k: int = 0,
              batch_size: int = 256, seed: int = 0, temperature: float = 1.0) -> EvalResult:
     """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k at `temperature`.
@@ -53,7 +60,7 @@ def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tok
     """
     greedy, lengths, unscored = [], [], 0
     for i in range(0, len(problems), batch_size):
-        trajs = sampler.generate(problems[i : i + batch_size], 1, SamplingParams(max_new_tokens, temperature=0.0))
+        trajs = _episodes(sampler.generate(problems[i : i + batch_size], 1, SamplingParams(max_new_tokens, temperature=0.0)))
         for t, s in zip(trajs, _correct(score, trajs)):
             lengths.append(len(t.completion_ids))
             if s is None:
@@ -67,7 +74,7 @@ def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tok
         step = max(1, batch_size // k)
         for i in range(0, len(problems), step):
             chunk = problems[i : i + step]
-            trajs = sampler.generate(chunk, k, SamplingParams(max_new_tokens, temperature=temperature), gen)
+            trajs = _episodes(sampler.generate(chunk, k, SamplingParams(max_new_tokens, temperature=temperature), gen))
             scores = _correct(score, trajs)
             for j in range(len(chunk)):
                 group = scores[j * k : (j + 1) * k]
