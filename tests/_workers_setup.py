@@ -9,3 +9,15 @@ def second_fails(marker: str) -> None:
     with open(marker) as f:
         if len(f.read().split()) == 2:
             raise RuntimeError("this worker cannot start")
+
+
+def slow_start(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def sleep_job(state_job) -> None:
+    import time
+
+    time.sleep(state_job[1])

@@ -98,3 +98,19 @@ def test_a_close_between_dispatch_and_wait_fails_the_jobs_instead_of_raising():
     wp._dispatch = dispatch_then_close
     out = wp.stream([5, 5, 5, 5], 30.0, chunk=1)
     assert len(out) == 4 and all(isinstance(r, WorkerFailure) and r.reason == "crashed" for r in out), out
+
+
+def test_a_close_does_not_wait_for_a_replacement_worker_still_starting():
+    # a timed-out job's worker is replaced; the replacement's setup (a reward loading its model) takes
+    # 5 s. A close from another thread (a server at SIGTERM) used to wait for that start under the lock.
+    wp = WorkerPool("_workers_setup:sleep_job", workers=1, setup="_workers_setup:slow_start", setup_args=(5.0,))
+    t, box = in_thread(lambda: wp.stream([60], 0.5))
+    time.sleep(1.5)  # the job timed out at 0.5 s; its replacement is starting
+    start = time.monotonic()
+    wp.close()
+    assert time.monotonic() - start < 2.5, "close waited for the replacement worker to start"
+    t.join(30)
+    assert not t.is_alive()
+    (out,) = box
+    assert isinstance(out[0], WorkerFailure) and out[0].reason == "timeout"
+    assert wp.restarts == 0 and len(wp) == 0

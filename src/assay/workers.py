@@ -229,7 +229,7 @@ class WorkerPool:
         for w in range(len(self._workers)):
             self._idle.put(w)
         self._threads = ThreadPoolExecutor(len(self._workers), thread_name_prefix="assay-pool")
-        self._lock = threading.Lock()  # a restart and `close` never interleave
+        self._lock = threading.Lock()  # `close` and a restart's swap of a worker never interleave
         self._closed = False
         self.restarts = 0
         atexit.register(self.close)
@@ -238,12 +238,22 @@ class WorkerPool:
         return Worker(self._ctx, self._spec, self._ready_timeout, self._name)
 
     def _replace(self, k: int) -> None:
-        """Kill worker k and start another, unless the pool is closing (its killed workers are not replaced)."""
+        """Kill worker k and start another, unless the pool is closing (its killed workers are not replaced).
+
+        The new worker starts outside the lock: a start can take long (a reward loading its model in
+        `setup`), and a `close` from another thread must not wait for it; one that came meanwhile kills it.
+        Only the thread that holds worker k (its `run_one`, or the one `stream` caller) replaces it.
+        """
         with self._lock:
             if self._closed:
                 return
             self._workers[k].kill()
-            self._workers[k] = self._start()
+        w = self._start()
+        with self._lock:
+            if self._closed:
+                w.kill()
+                return
+            self._workers[k] = w
             self.restarts += 1
 
     # ---------------------------------------------------------------- one job per worker, many threads
