@@ -69,7 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_json(self) -> Any:
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        if length is None or not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit, not to int
             raise BadRequest("need a Content-Length header", 411)
         if int(length) > self.server.max_body:
             raise BadRequest(f"body of {length} bytes is over the {self.server.max_body}-byte limit", 413)
