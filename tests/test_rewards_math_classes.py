@@ -268,6 +268,11 @@ STATED = [
     (r"Checking each case, the solution is $x \neq 4$.", r"x \ne 4", 1.0, "correct"),  # "the solution(s) is/are" anchors
     ("The solutions are $x = 1$ and $x = 6$.", "1, 6", 1.0, "correct"),
     ("The solution is either $3$ or $4$.", "3", 0.0, "hedged"),
+    # prose after "the solution is" is about the solution: the answer stated before it stands
+    ("So the answer is 12. The solution is complete.", "12", 1.0, "correct"),
+    ("Final answer: 12\nThe solution is valid since 12 > 0.", "12", 1.0, "correct"),
+    ("#### 12\nThe solution is verified.", "12", 1.0, "correct"),
+    ("The answer is 12. The solution is not unique.", "12", 1.0, "correct"),
 ]
 
 

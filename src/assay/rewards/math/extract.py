@@ -208,9 +208,20 @@ def _from_anchor(text: str) -> Extraction:
     return Extraction(None, "no_answer")
 
 
+_SOLUTION_ANCHOR = re.compile(r"the solutions?\b", re.I)
+
+
 def _statement(text: str, m: re.Match[str]) -> Extraction | None:
-    """The answer an anchor `m` states: after it (`the answer is 5`), else before it (`$5$ is the answer`)."""
+    """The answer an anchor `m` states: after it (`the answer is 5`), else before it (`$5$ is the answer`).
+
+    "The solution is" states an answer only in maths: prose after it ("The solution is complete.",
+    "the solution is valid since 12 > 0") is about the solution, and an earlier statement stands.
+    """
     span = _claim_span(text, m.end())
+    if span and _SOLUTION_ANCHOR.match(m.group(0)):
+        words = _WORD.search(span[0])
+        if words and not (HEDGE_IN.search(span[0]) and re.search(r"[\d$\\]", span[0])):
+            return None
     if span:
         return Extraction(span[0], "anchored", span[1])
     before = _claim_before(text, m.start())
