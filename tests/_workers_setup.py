@@ -1,4 +1,4 @@
-"""A worker setup for tests/test_workers.py: records each worker's pid; the second one fails."""
+"""Worker setups and handlers for tests/test_workers.py: starts that fail, are slow, or fail on a restart."""
 
 import os
 
@@ -21,3 +21,10 @@ def sleep_job(state_job) -> None:
     import time
 
     time.sleep(state_job[1])
+
+
+def only_the_first_starts(marker: str) -> None:
+    """The first worker starts; every later one (a restart) fails, as when a model cannot load again."""
+    if os.path.exists(marker):
+        raise RuntimeError("out of memory loading the model")
+    open(marker, "w").close()

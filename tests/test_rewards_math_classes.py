@@ -265,6 +265,9 @@ STATED = [
     (r"\boxed{12}. To check the answer: $3 \cdot 4 = 12$.", "12", 1.0, "correct"),  # a loose anchor restates nothing
     (r"\boxed{12}. I am sure the answer is right.", "12", 1.0, "correct"),  # prose restates nothing
     (r"\boxed{0.5}. The final answer is $\frac{1}{2}$.", "1/2", 1.0, "correct"),
+    (r"\boxed{6}. A common mistake is to think $5$ is the answer.", "5", 0.0, "wrong"),  # prose about an answer restates nothing
+    (r"\boxed{6}. Earlier I thought $5$ was the answer.", "6", 1.0, "correct"),
+    (r"\boxed{6}. So $7$ is the answer.", "7", 1.0, "correct"),  # a clause of its own restates
     (r"Checking each case, the solution is $x \neq 4$.", r"x \ne 4", 1.0, "correct"),  # "the solution(s) is/are" anchors
     ("The solutions are $x = 1$ and $x = 6$.", "1, 6", 1.0, "correct"),
     ("The solution is either $3$ or $4$.", "3", 0.0, "hedged"),

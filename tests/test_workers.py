@@ -114,3 +114,19 @@ def test_a_close_does_not_wait_for_a_replacement_worker_still_starting():
     (out,) = box
     assert isinstance(out[0], WorkerFailure) and out[0].reason == "timeout"
     assert wp.restarts == 0 and len(wp) == 0
+
+
+def test_a_worker_that_cannot_be_restarted_fails_its_jobs_not_the_call(tmp_path):
+    """A restart whose setup fails (a model that cannot load again) leaves jobs failed, never an exception."""
+    wp = WorkerPool("_workers_setup:sleep_job", workers=1, setup="_workers_setup:only_the_first_starts",
+                    setup_args=(str(tmp_path / "started"),))
+    try:
+        out = wp.stream([0, 30, 0], deadline=1.0, chunk=1)  # the hang kills the worker; its restart fails
+        assert out[0] is None and out[1].reason == "timeout"
+        assert out[2].reason == "crashed" and "out of memory" in out[2].error
+        again = wp.stream([0], deadline=1.0)  # the next call tries to start it again, and fails the same way
+        assert again[0].reason == "crashed" and "out of memory" in again[0].error
+        (one,) = wp.map([0], [1.0])
+        assert one.reason == "crashed" and "out of memory" in one.error
+    finally:
+        wp.close()

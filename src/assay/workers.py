@@ -231,30 +231,38 @@ class WorkerPool:
         self._threads = ThreadPoolExecutor(len(self._workers), thread_name_prefix="assay-pool")
         self._lock = threading.Lock()  # `close` and a restart's swap of a worker never interleave
         self._closed = False
+        self._start_error = ""  # why the last restart failed
         self.restarts = 0
         atexit.register(self.close)
 
     def _start(self) -> Worker:
         return Worker(self._ctx, self._spec, self._ready_timeout, self._name)
 
-    def _replace(self, k: int) -> None:
+    def _replace(self, k: int) -> bool:
         """Kill worker k and start another, unless the pool is closing (its killed workers are not replaced).
 
         The new worker starts outside the lock: a start can take long (a reward loading its model in
         `setup`), and a `close` from another thread must not wait for it; one that came meanwhile kills it.
         Only the thread that holds worker k (its `run_one`, or the one `stream` caller) replaces it.
+        A start that fails (its setup raised, or it was not ready in time) leaves slot k dead and
+        returns False: the jobs it would have run fail alone, and the next call tries again.
         """
         with self._lock:
             if self._closed:
-                return
+                return False
             self._workers[k].kill()
-        w = self._start()
+        try:
+            w = self._start()
+        except AssayError as e:
+            self._start_error = str(e)
+            return False
         with self._lock:
             if self._closed:
                 w.kill()
                 return
             self._workers[k] = w
             self.restarts += 1
+        return True
 
     # ---------------------------------------------------------------- one job per worker, many threads
 
@@ -275,6 +283,8 @@ class WorkerPool:
         try:
             if self._closed:
                 return WorkerFailure("the worker pool is closed", "crashed")
+            if not self._workers[k].proc.is_alive() and not self._replace(k):  # a restart that failed before
+                return WorkerFailure(f"no worker: {self._start_error}", "crashed")
             w = self._workers[k]
             start = time.monotonic()
             w.conn.send([(0, job)])
@@ -297,17 +307,25 @@ class WorkerPool:
         """
         results: list[Any] = [_PENDING] * len(jobs)
         todo = collections.deque(range(len(jobs)))
+        dead: set[int] = set()  # slots whose worker could not be started again in this call
         while (todo or any(w.items for w in self._workers)) and not self._closed:
             for k in range(len(self._workers)):
-                if not self._workers[k].items and todo:
-                    self._dispatch(k, jobs, todo, deadline, chunk)
-            self._collect(results, todo, deadline)
+                if k not in dead and not self._workers[k].items and todo and not self._dispatch(k, jobs, todo, deadline, chunk):
+                    dead.add(k)
+            if len(dead) == len(self._workers):  # no worker left: the rest fail alone, never the call
+                for i in todo:
+                    results[i] = WorkerFailure(f"no worker: {self._start_error}", "crashed")
+                todo.clear()
+            self._collect(results, todo, deadline, dead)
         return [WorkerFailure("the worker pool was closed before this job finished", "crashed") if r is _PENDING else r for r in results]
 
-    def _dispatch(self, k: int, jobs: list[Any], todo: collections.deque, deadline: float, chunk: int) -> None:
-        """Send worker k a chunk: small enough to balance the pool, large enough to save round trips."""
-        if not self._workers[k].proc.is_alive():  # died while idle (killed from outside)
-            self._replace(k)
+    def _dispatch(self, k: int, jobs: list[Any], todo: collections.deque, deadline: float, chunk: int) -> bool:
+        """Send worker k a chunk: small enough to balance the pool, large enough to save round trips.
+
+        False when worker k is dead and could not be started again (the chunk stays in `todo`).
+        """
+        if not self._workers[k].proc.is_alive() and not self._replace(k):  # died while idle (killed from outside)
+            return False
         size = max(1, min(chunk, len(todo) // (2 * len(self._workers))))
         idxs = [todo.popleft() for _ in range(min(size, len(todo)))]
         try:
@@ -315,9 +333,10 @@ class WorkerPool:
         except (OSError, ValueError):  # died just now: restart and send the jobs again
             todo.extendleft(reversed(idxs))
             self._workers[k].items.clear()
-            self._replace(k)
+            return self._replace(k)
+        return True
 
-    def _collect(self, results: list[Any], todo: collections.deque, deadline: float) -> None:
+    def _collect(self, results: list[Any], todo: collections.deque, deadline: float, dead: set[int]) -> None:
         busy = [w for w in self._workers if w.items]
         if not busy:
             return
@@ -336,18 +355,20 @@ class WorkerPool:
                 continue
             now = time.monotonic()
             if w.proc.sentinel in ready or not w.proc.is_alive():
-                self._fail_first(w, results, todo, WorkerFailure(f"worker crashed (exit code {w.proc.exitcode})", "crashed", round(now - w.started, 3)))
+                self._fail_first(w, results, todo, dead, WorkerFailure(f"worker crashed (exit code {w.proc.exitcode})", "crashed",
+                                                                        round(now - w.started, 3)))
             elif now >= w.deadline:
-                self._fail_first(w, results, todo, WorkerFailure(f"timeout after {deadline:g}s (worker killed and restarted)", "timeout",
-                                                                  round(now - w.started, 3)))
+                self._fail_first(w, results, todo, dead, WorkerFailure(f"timeout after {deadline:g}s (worker killed and restarted)", "timeout",
+                                                                        round(now - w.started, 3)))
 
-    def _fail_first(self, w: Worker, results: list[Any], todo: collections.deque, failure: WorkerFailure) -> None:
-        """Fail the job the worker was on, put the rest of its chunk back, restart it."""
+    def _fail_first(self, w: Worker, results: list[Any], todo: collections.deque, dead: set[int], failure: WorkerFailure) -> None:
+        """Fail the job the worker was on, put the rest of its chunk back, restart it (or mark its slot dead)."""
         results[w.items.popleft()] = failure
         todo.extendleft(reversed(w.items))
         w.items.clear()
-        if not self._closed:
-            self._replace(self._workers.index(w))
+        k = self._workers.index(w)
+        if not self._closed and not self._replace(k):
+            dead.add(k)
 
     def close(self) -> None:
         """Stop every worker (politely, then SIGKILL); a job still running on one fails, its worker not replaced.

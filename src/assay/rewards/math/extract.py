@@ -257,16 +257,23 @@ def _claim_before(text: str, at: int) -> str | None:
 
 
 _FIRM_ANCHOR = re.compile(r"final answer|the answer\s+is\b", re.I)
+#: "$7$ is the answer" as a sentence or clause of its own (after a boundary or a connective), in the present tense
+_PLAIN_CLAIM_BEFORE = re.compile(r"(?:^|[.;:!?,\n]|\b(?:and|or|so|thus|hence|therefore|then)\b)\s*"
+                                 r"(?:\$[^$]{1,400}\$|\\\([^\n]{1,400}?\\\)|-?\d[\d,./]*)\s+is\s+(?:(?:the|our|my)\s+)?(?:final\s+)?$", re.I)
 _RESTATE_LOOKBACK = 8  # anchors read back from the end: a restatement closes the response, and the cost stays bounded
 
 
 def _restated_after_box(text: str, ex: Extraction) -> Extraction:
     """The box's answer, or a different one stated later in plain maths ("Final Answer: The final answer is
-    $10{,}455$.", "$10{,}455$ is the answer"), which replaces it as a later box would; prose between them
-    that hedges scores 0. A looser anchor ("to check the answer: $3 \\cdot 4 = 12$") restates nothing."""
+    $10{,}455$.", "and $10{,}455$ is the answer"), which replaces it as a later box would; prose between them
+    that hedges scores 0. A looser anchor ("to check the answer: $3 \\cdot 4 = 12$") restates nothing, and
+    neither does a claim inside prose about an answer ("a common mistake is to think $5$ is the answer")."""
     for m in list(_ANCHOR.finditer(text, ex.end))[::-1][:_RESTATE_LOOKBACK]:
-        if not _FIRM_ANCHOR.match(m.group(0)) and _claim_span(text, m.end()):
+        after = _claim_span(text, m.end())
+        if not _FIRM_ANCHOR.match(m.group(0)) and after:
             continue
+        if not after and not _PLAIN_CLAIM_BEFORE.search(text[max(ex.end, m.start() - 600) : m.start()]):
+            continue  # "a common mistake is to think $5$ is the answer", "I thought $5$ was the answer": about an answer
         found = _statement(text, m)
         if found is None:
             continue
