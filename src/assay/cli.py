@@ -72,7 +72,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
                          chat_template=args.chat_template, run=args.run, reward=args.reward, n=args.n, k=args.k,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, backend=args.backend, device=args.device,
-                         seed=args.seed, workers=args.workers, server_url=args.server_url, env=args.env)
+                         seed=args.seed, workers=args.workers, server_url=args.server_url, env=_yaml_arg(args.env, "--env"))
     if args.json:
         print(json.dumps(out))
     else:
@@ -91,7 +91,7 @@ def cmd_eval_best_of(args: argparse.Namespace) -> int:
                            chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
                            chat_template=args.chat_template, run=args.run, n=args.n, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, backend=args.backend, device=args.device, seed=args.seed, workers=args.workers,
-                           server_url=args.server_url, env=args.env)
+                           server_url=args.server_url, env=_yaml_arg(args.env, "--env"))
     json_path, png_path = bestof.write(out, args.out)
     if args.json:
         print(json.dumps({k: v for k, v in out.items() if k != "per_problem"}))

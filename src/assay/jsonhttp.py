@@ -96,12 +96,11 @@ def serve_until_signal(service: Any, host: str, port: int, max_body: int, ready_
     bound port, so port 0 works) to stdout, or calls `ready(address)` instead. `what` names
     the command in the error for an address that cannot be bound.
     """
+    stop_service = getattr(service, "stop", None) or (lambda: None)
     try:
         server = _Server((host, port), _Handler)
     except OSError as e:
-        stop_service = getattr(service, "stop", None)
-        if stop_service:
-            stop_service()
+        stop_service()
         raise AssayError(f"{what}: cannot listen on {host}:{port}: {e.strerror}") from None
     server.service, server.max_body = service, max_body
     stop = threading.Event()
@@ -116,9 +115,7 @@ def serve_until_signal(service: Any, host: str, port: int, max_body: int, ready_
     finally:
         server.shutdown()
         server.server_close()
-        stop_service = getattr(service, "stop", None)
-        if stop_service:
-            stop_service()
+        stop_service()
         for s, h in previous.items():
             signal.signal(s, h)
     print("assay: server stopped", file=sys.stderr)

@@ -40,17 +40,11 @@ def _run_model(run: str) -> str:
 
 def env_config(spec: Any):
     """An `EnvConfig` from a name (`calculator`), a `module:attr` factory, or a block (`{name: calculator, args: {...}}`)."""
-    import yaml
     from pydantic import ValidationError
 
     from assay.config import EnvConfig, explain
 
-    block = spec
-    if isinstance(spec, str):
-        try:
-            block = yaml.safe_load(spec) if spec.lstrip().startswith("{") else {"name": spec}
-        except yaml.YAMLError as e:
-            raise AssayError(f"--env: {spec!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    block = {"name": spec} if isinstance(spec, str) else spec
     if not isinstance(block, dict):
         raise AssayError(f"--env: expected an environment name or a block {{name, args, max_turns, ...}}, got {spec!r}")
     try:
@@ -71,8 +65,7 @@ def resolve(task: str | None, task_args: dict | None, data, run: str | None, rew
         source = build_source(cfg.data, cfg.seed, n)
         if not source.heldout:
             raise AssayError(f"--run: the run {run!r} has no held-out data (data.eval_fraction=0 and no data.eval_path)")
-        default = source.reward if cfg.env is None else "episode"  # as the run was trained
-        return source.heldout, reward or cfg.reward or default, {"run": run, "data": cfg.data.task or cfg.data.path}
+        return source.heldout, reward or cfg.reward or source.reward, {"run": run, "data": cfg.data.task or cfg.data.path}
     if data is not None:
         reward = reward or data_reward(data)
         if reward is None:
@@ -141,9 +134,10 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
     from assay.rollout.base import make_sampler
     from assay.rollout.multiturn import episode_sampler
 
-    env_cfg = env_config(env) if env is not None else (_run_config(run).env if run else None)
+    run_cfg = _run_config(run) if run else None
+    env_cfg = env_config(env) if env is not None else (run_cfg.env if run_cfg else None)
     if env_cfg is not None and reward is None:
-        reward = (_run_config(run).reward if run else None) or "episode"  # the episode's own reward, as in training
+        reward = (run_cfg.reward if run_cfg else None) or "episode"  # the episode's own reward, as in training
     spec = None if data is None else DataConfig(task=None, path=data, fields=fields or {}, format=format, chat=chat,
                                                 system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs or {})
     problems, reward_spec, what = resolve(task, task_args, spec, run, reward, n, seed)
@@ -155,9 +149,9 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
     if reward_spec is None:
         raise AssayError("eval: this data has no built-in verifier; give --reward")
     if max_new_tokens is None:
-        max_new_tokens = _run_config(run).rollout.max_new_tokens if run else 6
-    if run and chat_template is None:
-        chat_template = _run_config(run).model.chat_template
+        max_new_tokens = run_cfg.rollout.max_new_tokens if run_cfg else 6
+    if run_cfg and chat_template is None:
+        chat_template = run_cfg.model.chat_template
     model = model or (_run_model(run) if run else "tiny-arith")
     policy, tokenizer = load_policy(model, device, chat_template=chat_template)
     context = getattr(policy.config, "max_position_embeddings", None)
