@@ -109,7 +109,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     pin_kernels()  # before torch loads: the same floating-point code paths on any x86 machine
     from assay.recipes.build import build_bundled
 
-    build_bundled(args.name, args.out, seed=args.seed)
+    build_bundled(args.name, args.out, seed=args.seed, device=args.device)
     return 0
 
 
@@ -388,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("name", nargs="?", default="tiny-arith", help="recipe name (default tiny-arith)")
     r.add_argument("--out", default=None, help="output folder (default: the recipe's own model folder)")
     r.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
+    r.add_argument("--device", default="cpu", help="torch device (default cpu; only a CPU build is byte-identical to the bundled model)")
     r.set_defaults(fn=cmd_pretrain)
     return p
 

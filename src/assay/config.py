@@ -24,9 +24,17 @@ class ModelConfig(Section):
     path: str = "tiny-arith"
     """A bundled model name (`tiny-arith`) or a Hugging Face causal-LM folder on disk."""
     device: str = "cpu"
-    """Torch device for the policy: `cpu`, `cuda`, `cuda:1`."""
+    """Torch device for the policy (and its sampler, reference and critic): `cpu`, `cuda`, `cuda:1`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype; keep float32 on CPU (bf16 matmul is hundreds of times slower there)."""
+    """Parameter dtype. `float32`: weights, gradients and AdamW state in fp32 (on a CPU keep it:
+    bf16 matmuls are hundreds of times slower there). `bfloat16` (a GPU's choice): the policy's
+    weights are bf16 — the sampler decodes and the learner runs forward and backward with them —
+    and the optimizer keeps fp32 master weights and moments, so small updates are not rounded
+    away; logprobs and the loss are fp32 either way (`assay.training.precision`). `float16`:
+    the same with fp16 weights (no loss scaling; prefer bfloat16)."""
+    tf32: bool = True
+    """On a CUDA device, let fp32 matmuls use TF32 tensor cores (`torch.backends.cuda.matmul.allow_tf32`);
+    false keeps them in full fp32. No effect on a CPU or on bf16 weights."""
     chat_template: str | None = None
     """A chat template (a Jinja file, or the template text) that replaces the tokenizer's own;
     it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
@@ -78,6 +86,9 @@ class RolloutConfig(Section):
     """Sampling temperature; the trainer scores tokens under the same temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold."""
+    cuda_graphs: bool = True
+    """`torch` on a CUDA device: record one decoding step as a CUDA graph and replay it for every
+    token (the step's ~25 kernels per layer then cost one launch; docs/performance.md, "On a GPU")."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """`vllm`: extra keyword arguments of `vllm.LLM` (for example `{gpu_memory_utilization: 0.5,
     max_model_len: 4096}`); they override assay's choices."""

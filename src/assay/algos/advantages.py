@@ -256,7 +256,7 @@ def gdpo(
     c = components.to(rewards.dtype)
     w = torch.ones(c.shape[1], dtype=c.dtype, device=c.device) if weights is None else torch.as_tensor(weights, dtype=c.dtype, device=c.device)
     total = sum(w[k] * group_normalise(c[:, k], group, eps) for k in range(c.shape[1]))  # [B]
-    total = torch.as_tensor(total, dtype=rewards.dtype) * torch.ones_like(rewards)
+    total = torch.as_tensor(total, dtype=rewards.dtype, device=rewards.device) * torch.ones_like(rewards)
     if batch_norm:
         total = masked_whiten(total, ~torch.isnan(rewards), eps)
     return _broadcast(total, rewards, mask)

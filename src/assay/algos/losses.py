@@ -24,7 +24,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _metric_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     with torch.no_grad():
-        x = torch.where(mask.bool(), x.detach().to(torch.float64), torch.zeros((), dtype=torch.float64))
+        x = torch.where(mask.bool(), x.detach().to(torch.float64), x.new_zeros((), dtype=torch.float64))
         return float(x.sum() / mask.bool().sum().clamp(min=1))
 
 

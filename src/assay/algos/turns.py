@@ -213,7 +213,7 @@ def turn_gae_core(
     B, K = r.shape
     first, has = turn_starts(turn_index, mask, K)
     T = values.shape[1]
-    v = values.double().gather(1, first.clamp(max=T - 1)) if T else torch.zeros(B, K, dtype=torch.float64)  # [B, K]
+    v = values.double().gather(1, first.clamp(max=T - 1)) if T else torch.zeros(B, K, dtype=torch.float64, device=values.device)  # [B, K]
     r = r.double()
     adv = torch.zeros(B, K, dtype=torch.float64, device=r.device)
     ret = torch.zeros_like(adv)

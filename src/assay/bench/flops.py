@@ -86,7 +86,7 @@ def matmul_rate(sizes: tuple[int, ...] = (1024, 1536, 2048), repeats: int = 3) -
 
     per_size: dict[str, float] = {}
     for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b = torch.randn(n, n, device="cpu"), torch.randn(n, n, device="cpu")
         a @ b
         best = min(_timed(lambda: a @ b) for _ in range(repeats))
         per_size[str(n)] = 2 * n**3 / best / 1e9

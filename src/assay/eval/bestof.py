@@ -86,7 +86,7 @@ def sample_and_score(sampler: Any, verify: Score, select: Score, problems: list[
     from assay.eval.policy import _episodes
     from assay.rollout.base import SamplingParams
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # the caller's stream; a sampler on a device seeds its own from it
     step = max(1, batch_size // n_max)
     out = []
     for i in range(0, len(problems), step):

@@ -69,7 +69,7 @@ def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tok
                 greedy.append(s >= 1.0)
     pk = None
     if k > 0:
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device="cpu").manual_seed(seed)  # a sampler on a device seeds its own from it
         per_problem = []
         step = max(1, batch_size // k)
         for i in range(0, len(problems), step):

@@ -76,7 +76,9 @@ def init_weights(model, seed: int, std: float = 0.02) -> None:
     """
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    from assay.devices import generator_for
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
@@ -84,7 +86,7 @@ def init_weights(model, seed: int, std: float = 0.02) -> None:
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+                p.copy_(torch.randn(p.shape, device="cpu", generator=generator_for(gen, "cpu")) * std)
 
 
 def resolve_model_path(path: str) -> Path:

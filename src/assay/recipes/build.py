@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from assay.devices import check_device, generator_for
 from assay.errors import AssayError
 from assay.models import BUNDLED_DIR, build_char_tokenizer, build_tiny_model, quiet_hf
 
@@ -67,15 +68,19 @@ def from_base(base: str, add_chars: str, seed: int):
         raise AssayError(f"recipe base {base!r}: its tokenizer is not the bundled character tokenizer, so add_chars cannot extend it")
     n_old = len(base_tok)
     model.resize_token_embeddings(len(tok), mean_resizing=False)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
-        emb[n_old:] = torch.randn(len(tok) - n_old, emb.shape[1], generator=gen) * 0.02
+        emb[n_old:] = torch.randn(len(tok) - n_old, emb.shape[1], device="cpu", generator=generator_for(gen, "cpu")) * 0.02
     return model, tok
 
 
-def build_bundled(name: str, out: str | None = None, seed: int | None = None, log=print) -> Path:
-    """Train the recipe's model (from scratch, or from the bundled model `base:`) and save it (with `eval.json`) to `out`."""
+def build_bundled(name: str, out: str | None = None, seed: int | None = None, log=print, device: str = "cpu") -> Path:
+    """Train the recipe's model (from scratch, or from the bundled model `base:`) and save it (with `eval.json`) to `out`.
+
+    On `device` (`cuda`: the weights are built on the CPU from the seed, trained there and
+    moved back to be saved); only a CPU build is byte-identical to the committed model.
+    """
     import torch
     from rich.progress import Progress
 
@@ -93,6 +98,7 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     else:
         tok = build_char_tokenizer()
         model = build_tiny_model(tok, seed=seed, **recipe["model"])
+    model.to(check_device(device))
     rng = random.Random(seed)
     stream = task.stream("train", seed)
     cfg = SFTConfig(seed=seed, **recipe["sft"])
@@ -103,6 +109,7 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
         sft(model, tok, batches, cfg, on_step=lambda s, loss: bar.update(job, completed=s + 1, description=f"pretrain {name} loss {loss:.3f}"),
             encode=encode)
     result = _evaluate(recipe, task, model, tok, seed)
+    model.to("cpu")
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
@@ -150,7 +157,7 @@ def _evaluate(recipe: dict[str, Any], task, model, tok, seed: int) -> dict[str, 
     episodes = episode_sampler(TorchSampler(model, tok), model, tok, env, model.config.max_position_embeddings)
     tool = evaluate(episodes, REWARDS.get("episode")(), heldout, ev["max_new_tokens"])
     greedy_calls = episodes.metrics()["agent/tool_calls_per_episode"]
-    sampled = episodes.generate(heldout, 1, SamplingParams(ev["max_new_tokens"], temperature=1.0), torch.Generator().manual_seed(seed))
+    sampled = episodes.generate(heldout, 1, SamplingParams(ev["max_new_tokens"], temperature=1.0), torch.Generator(device="cpu").manual_seed(seed))
     episodes.metrics()
     return {"n": len(heldout), "accuracy_no_tool": plain.accuracy, "accuracy_tool": tool.accuracy, "tool_calls_per_episode_greedy": greedy_calls,
             "tool_call_rate_sampled": sum(1 for t in sampled if t.info["tool_calls"]) / len(sampled),

@@ -86,7 +86,7 @@ def label_steps(model: str = "tiny-arith", task: str = "arithmetic", task_args: 
         rollout_cfg = RolloutConfig(backend=backend, server_url=server_url)
     sampler = make_sampler(backend, policy, tok, rollout_cfg, device)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # a sampler on a device seeds its own from it
     rows: list[dict[str, Any]] = []
     bar = Progress(TextColumn("[bold]label-steps"), BarColumn(), MofNCompleteColumn(), TextColumn("problems  {task.fields[info]}"),
                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not progress)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from assay.devices import generator_for
 from assay.errors import AssayError
 from assay.models import quiet_hf, resolve_model_path
 
@@ -29,21 +30,18 @@ RM_FILE = "assay_rm.json"
 def pad_right(rows, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token id rows right-padded to the longest: `input_ids` `[M, L]` and `attention_mask` `[M, L]`."""
     width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return ids, mask
+    ids = [list(row) + [pad_id] * (width - len(row)) for row in rows]
+    mask = [[1] * len(row) + [0] * (width - len(row)) for row in rows]
+    return torch.tensor(ids, dtype=torch.long, device="cpu"), torch.tensor(mask, dtype=torch.long, device="cpu")
 
 
 def init_head(model, seed: int) -> None:
     """The score head drawn from its own seeded generator: N(0, initializer_range²), the run's RNG left alone."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     std = getattr(model.config, "initializer_range", 0.02)
     with torch.no_grad():
         w = model.score.weight
-        w.copy_((torch.randn(w.shape, generator=gen) * std).to(w.dtype))
+        w.copy_((torch.randn(w.shape, device="cpu", generator=generator_for(gen, "cpu")) * std).to(w.dtype))
         if getattr(model.score, "bias", None) is not None:
             model.score.bias.zero_()
 
@@ -150,7 +148,7 @@ class Encoder:
         """Right-padded `input_ids` `[M, L]`, `attention_mask` `[M, L]` and response lengths `[M]`."""
         rows, lengths = zip(*(self.ids(p, r) for p, r in items))
         ids, mask = pad_right(rows, self.tok.pad_token_id)
-        return ids.to(device), mask.to(device), torch.tensor(lengths)
+        return ids.to(device), mask.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
 
 
 def forward_scores(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

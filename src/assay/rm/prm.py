@@ -133,15 +133,14 @@ def _row_logits(model, encoder: StepEncoder, rows: list[StepRow]) -> tuple[torch
     return torch.cat(per_row), torch.tensor(labels, dtype=torch.float32, device=device)
 
 
-def train_step(model, encoder: StepEncoder, rows: list[StepRow], cfg, opt, sched) -> dict[str, float]:
-    """One optimizer step on step-labelled `rows`; returns its `rm/*` metrics."""
+def train_step(model, encoder: StepEncoder, rows: list[StepRow], cfg, weights, sched) -> dict[str, float]:
+    """One optimizer step (`weights`: the run's `MasterWeights`) on step-labelled `rows`; returns its `rm/*` metrics."""
     logits, labels = _row_logits(model, encoder, rows)
     loss, metrics = prm_loss(logits, labels)
-    opt.zero_grad(set_to_none=True)
+    weights.zero_grad()
     loss.backward()
-    metrics["rm/grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip).item()
-    metrics["rm/lr"] = opt.param_groups[0]["lr"]
-    opt.step()
+    metrics["rm/lr"] = weights.optimizer.param_groups[0]["lr"]
+    metrics["rm/grad_norm"] = weights.step(cfg.optim.grad_clip)
     sched.step()
     return metrics
 

@@ -13,7 +13,6 @@ and `assay rm eval --path RUN_DIR` read.
 from __future__ import annotations
 
 import json
-import random
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,7 +31,8 @@ from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
 from assay.training.interrupt import Preempted, StopSignals
-from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, save_checkpoint
+from assay.training.precision import MasterWeights
+from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from assay.training.progress import RunProgress, _f
 from assay.training.runs import RUN_FILE, new_run_dir, resumed_config, write_config
 
@@ -111,8 +111,8 @@ def _lr_lambda(warmup: int):
     return lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
 
 
-def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, opt, sched) -> dict[str, float]:
-    """One optimizer step on `pairs`; returns its `rm/*` metrics."""
+def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, weights, sched) -> dict[str, float]:
+    """One optimizer step (`weights`: the run's `MasterWeights`) on `pairs`; returns its `rm/*` metrics."""
     device = next(model.parameters()).device
     items = [(p.prompt, p.chosen) for p in pairs] + [(p.prompt, p.rejected) for p in pairs]
     ids, mask, lengths = encoder.batch(items, device)  # [2N, L], [2N, L], [2N]
@@ -120,13 +120,11 @@ def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, opt, s
     n = len(pairs)
     loss, metrics = rm_loss(scores[:n], scores[n:], lengths[:n].to(device), lengths[n:].to(device), margin=cfg.loss.margin,
                             center_coef=cfg.loss.center_coef, length_coef=cfg.loss.length_coef)
-    opt.zero_grad(set_to_none=True)
+    weights.zero_grad()
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip).item()
-    metrics["rm/lr"] = opt.param_groups[0]["lr"]
-    opt.step()
+    metrics["rm/lr"] = weights.optimizer.param_groups[0]["lr"]
+    metrics["rm/grad_norm"] = weights.step(cfg.optim.grad_clip)
     sched.step()
-    metrics["rm/grad_norm"] = grad_norm
     return metrics
 
 
@@ -161,17 +159,17 @@ def _restore(ckpt: Path, model, opt, sched) -> int:
 
     model.load_state_dict(load_file(ckpt / "model.safetensors"))
     state = load_state(ckpt)
-    opt.load_state_dict(state["optimizer"])
+    opt.load_master(state.get("master_weights"))
+    opt.optimizer.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
-    random.setstate(state["rng"]["python"])
-    torch.set_rng_state(state["rng"]["torch"])
+    set_rng_state(state["rng"])
     return int(state["step"])
 
 
 def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: RMConfig, sink: JsonlSink) -> None:
     sink.sync()
-    state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()}}
+    state = {"step": step, "optimizer": opt.optimizer.state_dict(), "master_weights": opt.master_state(), "scheduler": sched.state_dict(),
+             "rng": rng_state()}
     record = {"step": step, "config": cfg.model_dump(mode="json")}
     ckpt_dir = run_dir / "checkpoints"
     save_checkpoint(ckpt_dir / f"step_{step:06d}", model, tok, state, files={RUN_FILE: json.dumps(record, indent=1)})
@@ -198,9 +196,10 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
     model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
     _, eval_fn, encoder_cls = _objective(cfg)
     encoder = encoder_cls(tok, cfg.data.max_length)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
-                            fused=cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda"))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg.optim.warmup_steps))
+    fused = cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda")
+    opt = MasterWeights(model.parameters(), lambda ps: torch.optim.AdamW(  # fp32 masters for a bf16 model (assay.training.precision)
+        ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, _lr_lambda(cfg.optim.warmup_steps))
     start = _restore(ckpt, model, opt, sched) if ckpt is not None else 0
     sink = JsonlSink(run_dir / "metrics.jsonl", truncate_after=start if ckpt is not None else None)
     steps = cfg.train.steps

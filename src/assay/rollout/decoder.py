@@ -18,11 +18,19 @@ Qwen3 with its q/k norms, with or without projection biases). Anything else, and
 sequences longer than a sliding attention window, use the generic Hugging Face path
 (`supported()` says why). `tests/test_numerics.py` checks that both paths draw the same
 tokens with the trainer's logprobs.
+
+On a CUDA device a step is launch-bound, not bandwidth-bound: a 24-layer model runs some
+600 small kernels per token, each costing more to launch from Python than to execute.
+`StaticDecoder.graphed()` records one step as a CUDA graph (`CudaGraphStep`) and replays it:
+the step's shapes are fixed (the batch keeps its rows; finished ones are ignored) and the cache
+slot it writes is a device tensor (`slot`), so nothing in the step depends on a Python value.
+On a CPU the same step runs eagerly.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from assay.models.llama import _cat_bias, _norm, prompt_cache, rotary_table
 
@@ -48,11 +56,6 @@ def _linear_t(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return out.t()
 
 
-def _add_linear(x: torch.Tensor, h: torch.Tensor, linear) -> torch.Tensor:
-    """`x + linear(h)`, weight-major as `_linear_t`; the sum keeps `x`'s row-major layout (what the norms read)."""
-    return x + _linear_t(h, linear.weight, linear.bias)
-
-
 class StaticDecoder:
     """Decode step by step from a prefilled prompt batch; holds the caches of one `generate` call.
 
@@ -64,7 +67,7 @@ class StaticDecoder:
     built at prefill and applied to queries and keys together (`x·cos + roll(x)·sin`, the
     sign of `rotate_half` folded into the table), the attention scale folded into the
     fused query weights (when there is no q-norm after them), masking fused into the
-    score matmul (`baddbmm`), and every projection weight-major (`_linear_t`).
+    score matmul (`baddbmm`), and on a CPU every projection weight-major (`_linear_t`).
     """
 
     def __init__(self, model):
@@ -72,7 +75,10 @@ class StaticDecoder:
         cfg = model.config
         body = model.model
         attn0 = body.layers[0].self_attn
-        dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        dtype = first.dtype
+        # weight-major products pay off with MKL on a CPU; cuBLAS takes `x @ Wᵀ` as it is
+        self.linear = _linear_t if first.device.type == "cpu" else F.linear
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(attn0, "head_dim", None) or cfg.hidden_size // self.heads
@@ -94,7 +100,7 @@ class StaticDecoder:
                 _norm(layer.post_attention_layernorm, dtype), torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj), m,
             ))
         self.final_norm = _norm(body.norm, dtype)
-        self.keys = self.values = self.bias = None
+        self.keys = self.values = self.bias = self.slot = None
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
@@ -112,7 +118,7 @@ class StaticDecoder:
         bias = torch.full((B, S), float("-inf"), dtype=ref.dtype, device=ref.device)  # slots not yet written
         bias[:, :P].masked_fill_(mask.repeat_interleave(repeat, 0) == 1, 0.0)
         self.bias = bias
-        self.filled = P
+        self.slot = torch.full((1,), P, dtype=torch.long, device=ref.device)  # the cache slot the next step writes
         self.cos, self.sin = rotary_table(self.model, ref, torch.arange(S, device=ref.device))  # every position a row can reach
         return logits
 
@@ -125,32 +131,74 @@ class StaticDecoder:
     @torch.no_grad()
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (`tok [A]`, position ids `pos [A, 1]`); return logits `[A, V]`."""
+        logits = self.forward_token(tok, pos)
+        self.slot += 1
+        return logits
+
+    def graphed(self, tok: torch.Tensor, pos: torch.Tensor) -> "CudaGraphStep":
+        """This decoder's step recorded as a CUDA graph, with `tok`, `pos` as the first step's inputs (no rows leave afterwards)."""
+        return CudaGraphStep(self, tok, pos)
+
+    def forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One step's computation, writing cache slot `slot` (not advanced): the body of `step` and of its CUDA graph."""
         body = self.model.model
-        A, t = tok.shape[0], self.filled
+        A, slot = tok.shape[0], self.slot
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         S, G = self.keys.shape[3], Hq // Hk
+        linear = self.linear
         x = body.embed_tokens(tok)  # [A, H]: one row per sequence
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [A, 1, D], broadcast over heads
-        self.bias[:, t] = 0.0  # this step's slot becomes visible
+        self.bias.index_fill_(1, slot, 0.0)  # this step's slot becomes visible
         # the mask for every (row, kv head) pair of the batched score matmul, built once per step
         bias = self.bias[:, None, None, :].expand(A, Hk, G, S).reshape(A * Hk, G, S)
         for i, (norm_in, w_qkv, b_qkv, attn, norm_post, w_gu, b_gu, mlp) in enumerate(self.layers):
-            qkv = _linear_t(norm_in(x), w_qkv, b_qkv).contiguous().view(A, Hq + 2 * Hk, D)
+            qkv = linear(norm_in(x), w_qkv, b_qkv).contiguous().view(A, Hq + 2 * Hk, D)
             if self.qk_norm:
                 qk = torch.cat([attn.q_norm(qkv[:, :Hq]), attn.k_norm(qkv[:, Hq : Hq + Hk])], dim=1)
             else:
                 qk = qkv[:, : Hq + Hk]
             qk = torch.addcmul(qk * cos, qk.roll(D // 2, dims=-1), sin)  # rotary, queries and keys at once
-            self.keys[i, :, :, t] = qk[:, Hq:]
-            self.values[i, :, :, t] = qkv[:, Hq + Hk :]
+            self.keys[i].index_copy_(2, slot, qk[:, Hq:, None])
+            self.values[i].index_copy_(2, slot, qkv[:, Hq + Hk :, None])
             # attend over the whole buffer (unwritten slots are masked): a slice along the slot
             # axis would not be contiguous, and batched matmul would copy it at every step.
             # Grouped-query attention without repeating keys: query heads of a kv head share a matmul.
             keys, values = self.keys[i].view(A * Hk, S, D), self.values[i].view(A * Hk, S, D)
             scores = torch.baddbmm(bias, qk[:, :Hq].reshape(A * Hk, G, D), keys.transpose(1, 2), alpha=self.scale)
             probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
-            x = _add_linear(x, torch.bmm(probs, values).view(A, Hq * D), attn.o_proj)
-            gate, up = _linear_t(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
-            x = _add_linear(x, mlp.act_fn(gate) * up, mlp.down_proj)
-        self.filled = t + 1
+            x = x + linear(torch.bmm(probs, values).view(A, Hq * D), attn.o_proj.weight, attn.o_proj.bias)
+            gate, up = linear(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
+            x = x + linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return self.model.get_output_embeddings()(self.final_norm(x))
+
+
+class CudaGraphStep:
+    """A `StaticDecoder` step recorded once as a CUDA graph and replayed for every later token.
+
+    Built after the prefill with the first step's real inputs: two warm-up runs on a side
+    stream (cuBLAS picks its kernels, the allocator settles) and the capture all compute that
+    same first step, so they write exactly what it writes (its keys and values into slot
+    `slot`, which they do not advance). Each call copies the inputs into the graph's own
+    buffers, replays it and advances the slot; the logits it returns live in the graph's
+    output buffer, overwritten by the next call. The batch is fixed: `select` is not allowed.
+    """
+
+    def __init__(self, decoder: StaticDecoder, tok: torch.Tensor, pos: torch.Tensor):
+        self.decoder = decoder
+        self.tok, self.pos = tok.clone(), pos.clone()
+        side = torch.cuda.Stream(device=tok.device)
+        side.wait_stream(torch.cuda.current_stream(tok.device))
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):
+                decoder.forward_token(self.tok, self.pos)
+        torch.cuda.current_stream(tok.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.logits = decoder.forward_token(self.tok, self.pos)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.tok.copy_(tok)
+        self.pos.copy_(pos)
+        self.graph.replay()
+        self.decoder.slot += 1
+        return self.logits

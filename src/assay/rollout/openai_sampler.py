@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from assay.devices import generator_for
 from assay.errors import AssayError
 from assay.log import log
 from assay.rollout.base import SamplingParams, encode_prompt
@@ -149,7 +150,7 @@ class OpenAISampler:
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """`n` completions per prompt, grouped prompt by prompt, one request per prompt."""
         prompt_ids = [encode_prompt(self.tokenizer, s) for s in samples]
-        seed = None if generator is None else int(torch.randint(0, 2**30, (1,), generator=generator))
+        seed = None if generator is None else int(torch.randint(0, 2**30, (1,), device="cpu", generator=generator_for(generator, "cpu")))
         bodies = [self._body(ids, n, params, None if seed is None else seed + i * n) for i, ids in enumerate(prompt_ids)]
         answers = list(self.pool.map(lambda b: self.client.post("/v1/completions", b), bodies))
         trajs = []
@@ -199,7 +200,7 @@ class OpenAISampler:
 
         self._checked_temperature = True
         batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id(self.tokenizer), next(self.model.parameters()).device)
-        served = torch.nn.utils.rnn.pad_sequence([torch.tensor(t.logprobs) for t in trajs], batch_first=True)
+        served = torch.nn.utils.rnn.pad_sequence([torch.tensor(t.logprobs, dtype=torch.float32, device="cpu") for t in trajs], batch_first=True)
         width = served.shape[1]
         with torch.no_grad():
             gaps = [float(((token_logprobs(self.model, batch, t, fast=False)[0][:, :width].cpu() - served) * batch.mask[:, :width].cpu()).abs().sum())

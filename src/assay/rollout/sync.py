@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from assay.devices import generator_for
 from assay.errors import AssayError
 
 #: default tolerance on the probe's mean |Δ logprob| per parameter dtype
@@ -23,8 +24,8 @@ TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 
 def probe_ids(vocab_size: int, length: int = 24, seed: int = 0) -> list[int]:
     """A fixed pseudo-random token sequence `[length]` (the same for every run of a model size)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab_size, (length,), device="cpu", generator=generator_for(gen, "cpu")).tolist()
 
 
 @torch.no_grad()

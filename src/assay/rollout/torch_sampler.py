@@ -10,12 +10,22 @@ Two decoding paths give the same tokens and logprobs: `StaticDecoder`
 (`assay.rollout.decoder`, a preallocated cache, for the Llama family) and the generic
 Hugging Face path with a `DynamicCache` for every other model. `TorchSampler.path` says
 which one a model gets.
+
+On a CUDA device the loop never waits for the device between tokens: a token is drawn
+without reading anything back (`_pick`), bookkeeping is tensor arithmetic on the device, and
+whether any row is still running is read back only every `check_every` steps. The batch
+keeps its rows (finished ones are ignored, not dropped), so each step has the same shapes
+and `StaticDecoder` replays it as a CUDA graph (`cuda_graphs`). On a CPU, where reading
+back costs nothing, finished rows leave the batch as before.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from assay.devices import generator_for, release_memory
 from assay.models.llama import supported
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id, stop_ids
 from assay.rollout.decoder import StaticDecoder, hf_prefill
@@ -24,17 +34,18 @@ from assay.types import Sample, Trajectory
 
 def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = 1
-    return ids, mask
+    ids = [[pad] * (width - len(r)) + list(r) for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+    return torch.tensor(ids, dtype=torch.long, device="cpu"), torch.tensor(mask, dtype=torch.long, device="cpu")
 
 
 def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row; return (tokens [A], logprobs [A]) under the sampling temperature."""
+    """Draw one token per row; return (tokens [A], logprobs [A]) under the sampling temperature.
+
+    The draw is the exponential race, argmax of p / q with q ~ Exp(1), which is how
+    `torch.multinomial` draws one sample (the same tokens for the same generator state) but
+    without its validity checks, which read values back from the device at every call.
+    """
     logits = logits.float()
     if params.temperature <= 0:
         logp = torch.log_softmax(logits, dim=-1)
@@ -47,7 +58,8 @@ def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | N
         drop = sorted_p.cumsum(-1) - sorted_p > params.top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    tok = torch.multinomial(probs, 1, generator=gen)[:, 0]
+    race = torch.empty_like(probs).exponential_(generator=generator_for(gen, probs.device))
+    tok = probs.div_(race).argmax(dim=-1)
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
@@ -79,22 +91,34 @@ class TorchSampler:
 
     It shares the learner's model object, so a weight update is seen at once:
     `update_weights` only records the new policy version (and takes a different model
-    object when given one); `sleep`, `wake` and `close` have nothing to release.
+    object when given one); `sleep` hands cached device memory back before the update;
+    `wake` and `close` have nothing to do.
 
     Args:
         model, tokenizer: the policy and its tokenizer (left padding is applied here).
-        device: where the prompts go; the model must already be there.
+        device: where the prompts go; the model must already be there (default: the model's device).
         fast: use `StaticDecoder` when the model supports it (set False to force the
             generic Hugging Face path, for example to compare the two).
-        compact_frac: finished rows are dropped from the batch once at least this
-            fraction of the running rows has finished (dropping copies the cache).
+        compact_frac: finished rows are dropped from the batch once at least this fraction
+            of the running rows has finished (dropping copies the cache); 0 never drops them.
+            Default: 0.25 on a CPU, 0 elsewhere (a fixed batch never reads back which rows run).
+        cuda_graphs: on a CUDA device, replay `StaticDecoder`'s step as a CUDA graph.
+        check_every: read back whether any row still runs every this many steps (each read
+            waits for the device; at most this many steps are wasted at the end). Default: 1
+            on a CPU (reading back is free there), 16 elsewhere.
     """
 
-    def __init__(self, model, tokenizer, device: str | torch.device = "cpu", fast: bool = True, compact_frac: float = 0.25):
-        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
+    def __init__(self, model, tokenizer, device: str | torch.device | None = None, fast: bool = True, compact_frac: float | None = None,
+                 cuda_graphs: bool = True, check_every: int | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.stop = torch.tensor(stop_ids(model, tokenizer), dtype=torch.long, device=self.device)  # EOS, end of turn
         self.pad_id = pad_id(tokenizer)
-        self.fast, self.compact_frac = fast, compact_frac
+        on_cpu = self.device.type == "cpu"
+        self.fast = fast
+        self.compact_frac = compact_frac if compact_frac is not None else (0.25 if on_cpu else 0.0)
+        self.check_every = max(1, check_every if check_every is not None else (1 if on_cpu else 16))
+        self.cuda_graphs = cuda_graphs
         self.version = 0
 
     def update_weights(self, model, version: int) -> None:
@@ -103,79 +127,116 @@ class TorchSampler:
         self.version = version
 
     def sleep(self) -> None:
-        pass
+        """Between rollout and update: what generation cached on the device goes back to it."""
+        release_memory(self.device)
 
     def wake(self) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        release_memory(self.device)
 
     @property
     def path(self) -> str:
         """`static` (StaticDecoder) or `hf` (generic), with the reason when the fast path is not taken.
 
         Judged without a length; `generate` also takes the fast path for a sliding-window
-        model when its sequences fit in the window.
+        model when its sequences fit in the window. `+cuda-graph` when steps are replayed as a CUDA graph.
         """
         why = supported(self.model) if self.fast else "fast=False"
-        return "static" if why is None else f"hf ({why})"
+        if why is not None:
+            return f"hf ({why})"
+        return "static+cuda-graph" if self._graphs else "static"
+
+    @property
+    def _graphs(self) -> bool:
+        return self.cuda_graphs and self.device.type == "cuda"
 
     def encode(self, samples: list[Sample]) -> list[list[int]]:
         return [encode_prompt(self.tokenizer, s) for s in samples]
 
     @torch.no_grad()
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
-        """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt."""
+        """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt.
+
+        `generator` is the caller's stream, on any device: a draw on this sampler's device uses
+        one seeded from it (`assay.devices.generator_for`).
+        """
         was_training = self.model.training
         if was_training:  # a Hugging Face model's train()/eval() walks every module: ~1 ms, so only when it changes
             self.model.eval()
         prompt_ids = self.encode(samples)
+        try:
+            tokens, logprobs, lengths = self._decode(prompt_ids, n, params, generator_for(generator, self.device))
+        finally:
+            if was_training:
+                self.model.train()
+        stop = set(self.stop.tolist())
+        finished = [tokens[r][k - 1] in stop for r, k in enumerate(lengths)]  # ended on EOS, not on the limit
+        trajs = []
+        for row in range(len(samples) * n):
+            g, k = row // n, lengths[row]
+            ids_row = tokens[row][:k]
+            text = self.tokenizer.decode(ids_row, skip_special_tokens=True)
+            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs[row][:k], finished[row], group=g, version=self.version))
+        return trajs
+
+    def _capture(self, stepper: StaticDecoder, tok: torch.Tensor, pos: torch.Tensor):
+        """The decoder's step as a CUDA graph, or False (steps run eagerly) when this model's step cannot be captured."""
+        try:
+            return stepper.graphed(tok, pos)
+        except RuntimeError as e:
+            warnings.warn(f"assay: the torch sampler cannot record a decoding step as a CUDA graph ({str(e).splitlines()[0]}); "
+                          "decoding eagerly (rollout.cuda_graphs=false skips the attempt)", stacklevel=2)
+            self.cuda_graphs = False
+            return False
+
+    def _decode(self, prompt_ids: list[list[int]], n: int, params: SamplingParams, gen: torch.Generator | None):
+        """Token ids `[B][steps]`, their logprobs and each row's length, as lists (the one read-back of the call)."""
+        dev = self.device
         ids, mask = _left_pad(prompt_ids, self.pad_id)
         fast = self.fast and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
         stepper = StaticDecoder(self.model) if fast else _HFStepper(self.model)
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = ids.to(dev), mask.to(dev)
         logits = stepper.prefill(ids, mask, n, params.max_new_tokens)
         if n > 1:
             logits = logits.repeat_interleave(n, 0)
-        total, steps = len(samples) * n, params.max_new_tokens
-        tokens = torch.full((total, steps), self.pad_id, dtype=torch.long, device=self.device)
-        logprobs = torch.zeros((total, steps), dtype=torch.float32, device=self.device)
-        lengths = torch.full((total,), steps, dtype=torch.long, device=self.device)
+        graphs = fast and self._graphs
+        compact = 0.0 if graphs else self.compact_frac  # a recorded step keeps its batch
+        total, steps = len(prompt_ids) * n, params.max_new_tokens
+        tokens = torch.full((total, steps), self.pad_id, dtype=torch.long, device=dev)
+        logprobs = torch.zeros((total, steps), dtype=torch.float32, device=dev)
+        lengths = torch.full((total,), steps, dtype=torch.long, device=dev)
         next_pos = mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # [B, 1]
-        active = torch.arange(total, device=self.device)  # batch rows still in the cache
-        running = torch.ones(total, dtype=torch.bool, device=self.device)  # of those, not finished yet
+        active = torch.arange(total, device=dev)  # batch rows still in the cache
+        running = torch.ones(total, dtype=torch.bool, device=dev)  # of those, not finished yet
+        graph = None
         for step in range(steps):
-            tok, lp = _pick(logits, params, generator)
-            rows = active[running]
-            tokens[rows, step], logprobs[rows, step] = tok[running], lp[running]
+            tok, lp = _pick(logits, params, gen)
+            # a finished row's column is padding: written as such, with no read-back of which rows run
+            tokens[:, step].index_copy_(0, active, torch.where(running, tok, self.pad_id))
+            logprobs[:, step].index_copy_(0, active, torch.where(running, lp, 0.0))
             ended = running & torch.isin(tok, self.stop)
-            lengths[active[ended]] = step + 1
+            lengths.index_copy_(0, active, torch.where(ended, step + 1, lengths.index_select(0, active)))
             running = running & ~ended
-            alive = int(running.sum())
-            if alive == 0 or step == steps - 1:
+            if step == steps - 1:
                 break
-            if alive <= (1 - self.compact_frac) * running.numel():
-                keep = running.nonzero()[:, 0]
-                stepper.select(keep)
-                active, tok, next_pos, running = active[keep], tok[keep], next_pos[keep], running[keep]
-            logits = stepper.step(tok, next_pos)
+            if (step + 1) % self.check_every == 0:
+                alive = int(running.sum())
+                if alive == 0:
+                    break
+                if compact and alive <= (1 - compact) * running.numel():
+                    keep = running.nonzero()[:, 0]
+                    stepper.select(keep)
+                    active, tok, next_pos, running = active[keep], tok[keep], next_pos[keep], running[keep]
+            if graphs and graph is None:
+                graph = self._capture(stepper, tok, next_pos)
+            logits = graph.step(tok, next_pos) if graph else stepper.step(tok, next_pos)
             next_pos = next_pos + 1
-        if was_training:
-            self.model.train()
-        lengths_l, tokens_l, logprobs_l = lengths.tolist(), tokens.tolist(), logprobs.tolist()
-        stop = set(self.stop.tolist())
-        finished = [tokens_l[r][k - 1] in stop for r, k in enumerate(lengths_l)]  # ended on EOS, not on the limit
-        trajs = []
-        for row in range(total):
-            g, k = row // n, lengths_l[row]
-            ids_row = tokens_l[row][:k]
-            text = self.tokenizer.decode(ids_row, skip_special_tokens=True)
-            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs_l[row][:k], finished[row], group=g, version=self.version))
-        return trajs
+        return tokens.tolist(), logprobs.tolist(), lengths.tolist()
 
 
 @SAMPLERS.register("torch")
 def torch_sampler(model, tokenizer, rollout=None, device="cpu") -> TorchSampler:
     """The in-process sampler over the learner's own model."""
-    return TorchSampler(model, tokenizer, device)
+    return TorchSampler(model, tokenizer, device, cuda_graphs=getattr(rollout, "cuda_graphs", True))

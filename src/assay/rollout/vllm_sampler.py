@@ -35,6 +35,7 @@ from typing import Any, Iterator
 
 import torch
 
+from assay.devices import generator_for
 from assay.errors import AssayError
 from assay.rollout.base import SamplingParams, encode_prompt
 from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, tolerance_for
@@ -215,7 +216,7 @@ class VLLMSampler:
         prompt_ids = [encode_prompt(self.tokenizer, s) for s in samples]
         greedy = params.temperature <= 0
         per_request = 1 if greedy else n  # vLLM refuses n > 1 when greedy; the copies would be equal anyway
-        seed = None if generator is None else int(torch.randint(0, 2**30, (1,), generator=generator))
+        seed = None if generator is None else int(torch.randint(0, 2**30, (1,), device="cpu", generator=generator_for(generator, "cpu")))
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         sps = [self._params(params, per_request, None if seed is None else seed + i * per_request) for i in range(len(samples))]
         outs = self.llm.generate(requests, sps, use_tqdm=False)

@@ -70,11 +70,11 @@ def _payload(names: list[str], dtypes: list[str], shapes: list[list[int]], parts
 def decode_chunk(names: list[str], dtype_names: list[str], shapes: list[list[int]], data: str) -> list[tuple[str, torch.Tensor]]:
     """The `(name, tensor)` pairs of one payload (the inverse of `encode_chunks`)."""
     raw = bytearray(base64.b64decode(data))
-    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8, device="cpu")
     out, offset = [], 0
     for name, dtype_name, shape in zip(names, dtype_names, shapes):
         dtype = getattr(torch, dtype_name)
-        n = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
+        n = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype, device="cpu").element_size()
         out.append((name, flat[offset : offset + n].view(dtype).reshape(shape)))
         offset += n
     if offset != len(raw):

@@ -17,17 +17,30 @@ from typing import Any
 
 import torch
 
+from assay.devices import to_cpu
+
 STATE_FILE = "trainer_state.pt"
 
 
-def rng_state(generator: torch.Generator) -> dict[str, Any]:
-    return {"python": random.getstate(), "torch": torch.get_rng_state(), "sampler": generator.get_state()}
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
+    """Python's, torch's CPU and (once CUDA is in use) every CUDA device's global streams, and the run's own `generator`."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        state["sampler"] = generator.get_state()
+    return state
 
 
-def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
+    """Put back what `rng_state` saved; CUDA states only where this machine has as many devices (a CPU resume skips them)."""
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    generator.set_state(state["sampler"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
+    if generator is not None:
+        generator.set_state(state["sampler"])
 
 
 def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tensors: dict[str, dict[str, torch.Tensor]] | None = None,
@@ -52,8 +65,8 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     for name, content in (files or {}).items():
         (tmp / name).write_bytes(content) if isinstance(content, bytes) else (tmp / name).write_text(content)
     for stem, weights in (tensors or {}).items():
-        save_file(weights, tmp / f"{stem}.safetensors")
-    torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete
+        save_file(to_cpu(weights), tmp / f"{stem}.safetensors")
+    torch.save(to_cpu(state), tmp / STATE_FILE)  # device-free; last: a folder with this file is complete
     mode = 0o666 & ~_umask()
     for p in tmp.iterdir():
         p.chmod(mode)  # as the user's umask says (safetensors' own writer makes 0600 files)
@@ -99,7 +112,8 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
 
 
 def load_state(folder: Path) -> dict[str, Any]:
-    return torch.load(Path(folder) / STATE_FILE, weights_only=False)
+    """`trainer_state.pt`, its tensors on the CPU (an optimizer's `load_state_dict` moves them to its parameters' device)."""
+    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
 
 
 def load_tensors(folder: Path, stem: str) -> dict[str, torch.Tensor]:

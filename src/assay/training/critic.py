@@ -18,6 +18,7 @@ import torch
 from assay.algos import aggregate, compute_gae, explained_variance, value_loss
 from assay.algos.losses import masked_mean
 from assay.config import CriticConfig
+from assay.devices import generator_for
 
 
 def gae_targets(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
@@ -39,10 +40,10 @@ class ValueModel(torch.nn.Module):
         self.backbone = copy.deepcopy(policy.base_model)  # the transformer without its LM head
         hidden = policy.config.hidden_size
         self.head = torch.nn.Linear(hidden, 1)
-        gen = torch.Generator().manual_seed(seed)  # its own stream: building a critic leaves the run's RNG alone
+        gen = torch.Generator(device="cpu").manual_seed(seed)  # its own stream: building a critic leaves the run's RNG alone
         std = getattr(policy.config, "initializer_range", 0.02)
         with torch.no_grad():
-            self.head.weight.copy_(torch.randn(self.head.weight.shape, generator=gen) * std)
+            self.head.weight.copy_(torch.randn(self.head.weight.shape, device="cpu", generator=generator_for(gen, "cpu")) * std)
             self.head.bias.zero_()
         ref = next(policy.parameters())
         self.head.to(device=ref.device, dtype=ref.dtype)
@@ -100,7 +101,7 @@ class Critic:
         self.model.train()
         B = mask.shape[0]
         for _ in range(epochs):
-            for idx in torch.arange(B).chunk(minibatches):
+            for idx in torch.arange(B, device=mask.device).chunk(minibatches):
                 m = scored[idx]
                 if m.sum() == 0:
                     continue

@@ -15,7 +15,7 @@ the estimator with `algo.advantage=my_module:shorter_prompts_first`):
         doc = "[B] prompt length in tokens"
 
         def __call__(self, step):
-            return torch.tensor([len(t.prompt_ids) for t in step.trajs], dtype=torch.float32)
+            return torch.tensor([len(t.prompt_ids) for t in step.trajs], dtype=torch.float32, device="cpu")
 
     @declare(needs={"prompt_len"})
     def shorter_prompts_first(rewards, group, mask, prompt_len, scale: float = 0.01):
@@ -52,7 +52,8 @@ class StepData:
 class Extra:
     """Makes one extra for the estimator, built once per run with the trainer it serves.
 
-    Subclasses implement `__call__(step) -> value` (a tensor on the CPU, or a number);
+    Subclasses implement `__call__(step) -> value` (a tensor on any device, which the estimator
+    receives on the batch's device, or a number);
     `doc` says what it is, with its shape, for the docs and for error messages.
     """
 
@@ -161,7 +162,8 @@ class GreedyRewards(Extra):
 
         t = self.trainer
         greedy = t.sampler.generate(step.prompts, 1, SamplingParams(t.cfg.rollout.max_new_tokens, temperature=0.0))
-        scores = torch.tensor([float("nan") if r.score is None else r.score for r in t.executor.score(greedy, training=True)])
+        scores = torch.tensor([float("nan") if r.score is None else r.score for r in t.executor.score(greedy, training=True)],
+                              dtype=torch.float32, device=step.batch.group.device)
         return scores[step.batch.group]
 
 
@@ -262,9 +264,9 @@ def turn_tensors(trajs: list[Trajectory], T: int) -> tuple[torch.Tensor, torch.T
         return max(len(t.info.get("turn_rewards") or []), t.info.get("first_turn", 0) + len(t.turns or []), 1)
 
     K = max([n_turns(t) for t in trajs] + [1])
-    rewards = torch.full((len(trajs), K), float("nan"))
-    progress = torch.full((len(trajs), K), float("nan"))
-    index = torch.full((len(trajs), T), -1, dtype=torch.long)
+    rewards = torch.full((len(trajs), K), float("nan"), device="cpu")  # extras are made on the CPU (see `Extra`)
+    progress = torch.full((len(trajs), K), float("nan"), device="cpu")
+    index = torch.full((len(trajs), T), -1, dtype=torch.long, device="cpu")
     for i, t in enumerate(trajs):
         rewards[i, : n_turns(t)] = 0.0
         for k, r in enumerate(t.info.get("turn_rewards") or []):

@@ -21,7 +21,11 @@ from assay.types import RewardResult, Trajectory
 
 @dataclass
 class Batch:
-    """Scored rollouts as tensors: prompts left-padded to P, completions right-padded to T."""
+    """Scored rollouts as tensors: prompts left-padded to P, completions right-padded to T.
+
+    Every field lives on the learner's device (the per-row rewards, group ids and components
+    too), so any index selects from all of them alike.
+    """
 
     input_ids: torch.Tensor  # [B, P+T]
     attention_mask: torch.Tensor  # [B, P+T]
@@ -43,6 +47,8 @@ class Batch:
         return self.attention_mask[:, -self.response_len :].sum(-1)
 
     def select(self, idx: torch.Tensor) -> "Batch":
+        """The rows `idx [N]` (an index on any device) of every field."""
+        idx = idx.to(self.mask.device)
         return Batch(*(None if (v := getattr(self, f)) is None else v[idx] for f in self.__dataclass_fields__))
 
 
@@ -63,15 +69,18 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
         attn.append([0] * (P - p) + [1] * (p + c) + [0] * (T - c))
         old.append(list(t.logprobs) + [0.0] * (T - c))
         loss.append(([1] * c if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask]) + [0] * (T - c))
-    ids_t, attn_t = torch.tensor(ids, dtype=torch.long), torch.tensor(attn, dtype=torch.long)
-    mask = torch.tensor(loss, dtype=torch.float32)
-    pos = (attn_t.cumsum(-1) - 1).clamp(min=0)
-    rewards = torch.tensor([float("nan") if r.score is None else float(r.score) for r in results])
-    group = torch.tensor([t.group for t in trajs], dtype=torch.long)
     names = sorted({k for r in results for k in r.components})
-    comps = torch.tensor([[float(r.components.get(k, float("nan"))) for k in names] for r in results]).reshape(B, len(names))
-    old_t = torch.tensor(old, dtype=torch.float32) * mask  # logprobs only where the model sampled
-    return Batch(ids_t.to(device), attn_t.to(device), pos.to(device), mask.to(device), old_t.to(device), rewards, group, comps)
+    comps = [[float(r.components.get(k, float("nan"))) for k in names] for r in results]
+    ids_t = torch.tensor(ids, dtype=torch.long, device=device)
+    attn_t = torch.tensor(attn, dtype=torch.long, device=device)
+    mask = torch.tensor(loss, dtype=torch.float32, device=device)
+    return Batch(
+        ids_t, attn_t, (attn_t.cumsum(-1) - 1).clamp(min=0), mask,
+        torch.tensor(old, dtype=torch.float32, device=device) * mask,  # logprobs only where the model sampled
+        torch.tensor([float("nan") if r.score is None else float(r.score) for r in results], dtype=torch.float32, device=device),
+        torch.tensor([t.group for t in trajs], dtype=torch.long, device=device),
+        torch.tensor(comps, dtype=torch.float32, device=device).reshape(B, len(names)),
+    )
 
 
 def _fused_head(model) -> torch.Tensor | None:
@@ -275,7 +284,7 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
         return {**metrics, "actor/skipped_frac": 0.0} if skip_inert else metrics
     total = float(batch.mask.sum()) if unit == "token" else float(B)
     live_batch = batch.select(rows) if skipped else batch
-    chunks = pack_rows(live_batch, micro_batch_tokens) if micro_batch_tokens and rows.numel() else [torch.arange(rows.numel())]
+    chunks = pack_rows(live_batch, micro_batch_tokens) if micro_batch_tokens and rows.numel() else [torch.arange(rows.numel(), device=rows.device)]
     sums: dict[str, float] = {}
     ran = 0.0
     for idx in chunks:
@@ -309,8 +318,8 @@ def step_tensors(trajs: list[Trajectory], results: list[RewardResult], tokenizer
     first token whose decoded prefix reaches the span's end.
     """
     S = max([len(r.steps or []) for r in results] + [1])
-    rewards = torch.full((len(trajs), S), float("nan"))
-    ends = torch.full((len(trajs), S), -1, dtype=torch.long)
+    rewards = torch.full((len(trajs), S), float("nan"), device="cpu")  # extras are made on the CPU; the estimator gets them on the batch's device
+    ends = torch.full((len(trajs), S), -1, dtype=torch.long, device="cpu")
     for i, (t, r) in enumerate(zip(trajs, results)):
         if not r.steps:
             continue
@@ -354,6 +363,7 @@ def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict | None = Non
 
         docs = "; ".join(f"{n}: {EXTRAS.get(n).doc}" for n in missing if n in EXTRAS)
         raise AssayError(f"algo.advantage={algo.advantage!r} needs {', '.join(missing)}, which this run does not supply" + (f" ({docs})" if docs else ""))
-    kw = {n: extras[n].cpu() if torch.is_tensor(extras[n]) else extras[n] for n in needs}
+    dev = batch.mask.device
+    kw = {n: extras[n].to(dev) if torch.is_tensor(extras[n]) else extras[n] for n in needs}
     args = estimator_args(algo) if args is None else args
-    return fn(batch.rewards, batch.group, batch.mask.cpu(), **kw, **args).to(batch.mask.device)
+    return fn(batch.rewards, batch.group, batch.mask, **kw, **args).to(dev)

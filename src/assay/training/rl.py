@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from assay.config import RunConfig
+from assay.devices import check_device, set_matmul_precision
 from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
@@ -41,6 +42,7 @@ from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
+from assay.training.precision import MasterWeights
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
                                  token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
@@ -126,7 +128,8 @@ class Trainer:
         check_plugins(cfg)
         self.threads = ThreadGovernor(cfg.train.threads)
         torch.manual_seed(cfg.seed)
-        self.device = torch.device(cfg.model.device)
+        self.device = check_device(cfg.model.device)
+        set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.model.chat_template)
         self.ref = None
         if cfg.algo.kl_coef > 0:
@@ -152,9 +155,11 @@ class Trainer:
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
         self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
-                                     fused=cfg.optim.fused and self.device.type in ("cpu", "cuda"))
+        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)  # the run's stream; a sampler on a device seeds its own from it
+        fused = cfg.optim.fused and self.device.type in ("cpu", "cuda")
+        self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(
+            ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))  # fp32 masters for a bf16 policy
+        self.opt = self.weights.optimizer
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
         self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps)
         self.step = 0
@@ -178,7 +183,7 @@ class Trainer:
             "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
             "data": self.source.state_dict(), "rng": rng_state(self.generator), "config": self.cfg.model_dump(mode="json"),
             "selection": self.picker.state_dict(), "extras": {n: e.state_dict() for n, e in self.extras.items()},
-            "health": self.health.state_dict(),
+            "health": self.health.state_dict(), "master_weights": self.weights.master_state(),
         }
 
     def save(self) -> Path:
@@ -208,6 +213,7 @@ class Trainer:
         if self.ref is not None and hasattr(self.model, "tie_weights"):
             self.model.tie_weights()
         state = load_state(ckpt)
+        self.weights.load_master(state.get("master_weights"))
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self._restore({"data": state["data"], "selection": state.get("selection", state.get("sampling")), "rng": state["rng"]})
@@ -340,13 +346,12 @@ class Trainer:
         agg: dict[str, list[float]] = {}
         B = batch.rewards.shape[0]
         for _ in range(cfg.algo.epochs):
-            for idx in torch.arange(B).chunk(cfg.algo.minibatches):
-                self.opt.zero_grad(set_to_none=True)
+            for idx in torch.arange(B, device=self.device).chunk(cfg.algo.minibatches):
+                self.weights.zero_grad()
                 m = accumulate_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature,
                                     cfg.rollout.max_new_tokens, self.micro_batch_tokens, cfg.train.fast_forward,
                                     cfg.train.skip_zero_advantage)
-                m["actor/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip).item()
-                self.opt.step()
+                m["actor/grad_norm"] = self.weights.step(cfg.optim.grad_clip)
                 for k, v in m.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()

@@ -39,12 +39,10 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
 def encode_rows(pad_id: int, rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded `input_ids`, `attention_mask` and `labels` of `(ids, labels)` rows (labels −100 where not trained)."""
     width = max(len(r) for r, _ in rows)
-    ids = torch.full((len(rows), width), pad_id)
-    lab = torch.full((len(rows), width), -100)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, l) in enumerate(rows):
-        ids[i, : len(r)], lab[i, : len(l)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(l), 1
-    return ids, mask, lab
+    ids = [list(r) + [pad_id] * (width - len(r)) for r, _ in rows]
+    lab = [list(l) + [-100] * (width - len(l)) for _, l in rows]
+    mask = [[1] * len(r) + [0] * (width - len(r)) for r, _ in rows]
+    return tuple(torch.tensor(x, dtype=torch.long, device="cpu") for x in (ids, mask, lab))
 
 
 def sft(model, tokenizer, batches: Iterable[list], cfg: SFTConfig, on_step: Callable[[int, float], None] | None = None,
@@ -52,7 +50,8 @@ def sft(model, tokenizer, batches: Iterable[list], cfg: SFTConfig, on_step: Call
     """Train `model` on answer tokens with AdamW and a warm-up + cosine schedule.
 
     Each batch is a list of (prompt, answer) pairs, or whatever `encode` turns into
-    `input_ids`, `attention_mask` and `labels` (`encode_rows` for token rows).
+    `input_ids`, `attention_mask` and `labels` (`encode_rows` for token rows), moved to the
+    model's device.
     """
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -60,8 +59,9 @@ def sft(model, tokenizer, batches: Iterable[list], cfg: SFTConfig, on_step: Call
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps))
     )
     model.train()
+    device = next(model.parameters()).device
     for step, pairs in zip(range(cfg.steps), batches):
-        ids, mask, labels = encode(pairs) if encode else encode_pairs(tokenizer, pairs)
+        ids, mask, labels = (t.to(device) for t in (encode(pairs) if encode else encode_pairs(tokenizer, pairs)))
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

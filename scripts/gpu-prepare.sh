@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Prepare, on a machine with PyPI, what `scripts/gpu-check.sh` needs on a GPU machine that has
+# no internet: the wheels its Python lacks, in ./.whl (ignored by git). The GPU machine this was
+# written for has Python 3.12 with CUDA torch, transformers, accelerate, pytest and the rest of
+# assay's needs already installed; these are the ones it lacks (pure Python, or built for
+# manylinux x86_64), about 8 MB:
+#
+#   scripts/gpu-prepare.sh                     # for Python 3.12 (the default)
+#   GPU_PYTHON=3.11 scripts/gpu-prepare.sh     # for another Python
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYVER=${GPU_PYTHON:-3.12}
+WHEELS=(
+  pydantic==2.14.4 pydantic_core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
+  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+  math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+  trl==1.16.0 setuptools==84.2.1
+)
+rm -rf .whl && mkdir -p .whl
+python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux1_x86_64 --platform any -d .whl "${WHEELS[@]}"
+echo "gpu-prepare: $(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1), in .whl (carry it with the project)" >&2

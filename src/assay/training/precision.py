@@ -1,0 +1,76 @@
+"""Parameter precision: what `model.dtype` means for the learner's weights, gradients and optimizer.
+
+- `float32`: parameters, gradients and AdamW's moments in fp32. The CPU default (a CPU's bf16
+  matmuls are hundreds of times slower); on a CUDA device fp32 matmuls may use TF32 tensor
+  cores (`model.tf32`).
+- `bfloat16` (or `float16`): the model's parameters are bf16 — what the sampler decodes with
+  and what the learner's forward and backward read — and the optimizer keeps an fp32 *master*
+  copy of every trainable parameter with its fp32 moments. Each step copies the bf16
+  gradients into the masters, clips their norm and steps in fp32, then writes the masters
+  back, rounded to bf16.
+
+Why bf16 parameters with fp32 masters rather than fp32 parameters under bf16 autocast: the
+in-process sampler then reads the very bf16 weights the learner trains, with no cast of every
+weight at every decoded token and no second copy to keep in sync, and the learner's logprobs
+come from the same weights that sampled, so the mismatch check (`algo.mismatch`) measures the
+kernels alone. The masters are still needed: bf16 keeps 8 significant bits, so an update
+smaller than 1/256 of a weight (most updates at RL learning rates) would round away in a bf16
+parameter, while the fp32 master accumulates it. Memory per parameter is the same either way
+(2 + 2 + 4 + 8 bytes: bf16 weight and gradient, fp32 master and two moments). Logprobs, the
+policy loss and its aggregation are computed in fp32 whatever the dtype: the LM head's matmul
+runs in the parameter dtype (fp32 accumulation) and its output is cast to fp32 before the softmax.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+
+class MasterWeights:
+    """The optimizer step for parameters of any dtype, with fp32 master weights where they are not fp32.
+
+    Args:
+        params: the model's parameters (only those that require grad are trained).
+        make_optimizer: builds the optimizer over the tensors it should step (the fp32 masters,
+            or the parameters themselves when they are fp32), e.g. `lambda ps: torch.optim.AdamW(ps, lr=1e-5)`.
+
+    `optimizer` is that optimizer (a learning-rate scheduler wraps it); `step(max_norm)` clips
+    and steps; `master_state()` / `load_master(state)` carry the masters through a checkpoint.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
+        self.params = [p for p in params if p.requires_grad]
+        self.mixed = any(p.dtype != torch.float32 for p in self.params)
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else []
+        self.optimizer = make_optimizer(self.master if self.mixed else self.params)
+
+    def zero_grad(self) -> None:
+        for p in (*self.params, *self.master):
+            p.grad = None
+
+    def step(self, max_norm: float) -> float:
+        """Clip the gradient norm to `max_norm` (in fp32) and step; returns the norm before clipping."""
+        if self.mixed:
+            for m, p in zip(self.master, self.params):
+                m.grad = None if p.grad is None else p.grad.float()
+        norm = torch.nn.utils.clip_grad_norm_(self.master if self.mixed else self.params, max_norm)
+        self.optimizer.step()
+        if self.mixed:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params):
+                    p.copy_(m)
+        return float(norm)
+
+    def master_state(self) -> list[torch.Tensor] | None:
+        """The fp32 masters (None when the parameters are fp32 themselves): what a resumed run needs beyond the bf16 weights."""
+        return [m.detach().cpu() for m in self.master] if self.mixed else None
+
+    def load_master(self, state: list[torch.Tensor] | None) -> None:
+        """Restore the masters from `master_state()`; with None (a checkpoint without them), re-read them from the parameters."""
+        if not self.mixed:
+            return
+        with torch.no_grad():
+            for i, (m, p) in enumerate(zip(self.master, self.params)):
+                m.copy_(p.float() if state is None else state[i])

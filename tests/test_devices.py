@@ -1,0 +1,143 @@
+"""The device rule's helpers, and the GPU decoding loop's logic run on the CPU.
+
+What only a GPU can show (CUDA graphs, CUDA tensors) is in `tests/test_gpu.py`; here are the
+parts of it a CPU can check: the random streams a device gets, device-free checkpoints, the
+decoding loop as it runs on a GPU (a fixed batch, a read-back every 16 steps), and the
+assumption CUDA-graph capture rests on (re-running a step before it is recorded changes nothing).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from assay.devices import check_device, generator_for, to_cpu
+from assay.errors import AssayError
+from assay.rollout.base import SamplingParams
+from assay.rollout.torch_sampler import TorchSampler
+from assay.training.checkpoint import rng_state, set_rng_state
+
+
+def test_a_generator_on_the_device_is_passed_through_and_none_stays_none():
+    g = torch.Generator(device="cpu").manual_seed(0)
+    assert generator_for(g, "cpu") is g and generator_for(g, torch.device("cpu")) is g
+    assert generator_for(None, "cuda") is None
+
+
+def test_another_device_gets_a_generator_seeded_from_the_runs_stream(monkeypatch):
+    made = []
+
+    class Recorder:  # stands in for a CUDA generator, which this machine cannot make
+        def __init__(self, device):
+            self.device = torch.device(device)
+            made.append(self)
+
+        def manual_seed(self, seed):
+            self.seed = seed
+            return self
+
+    monkeypatch.setattr(torch, "Generator", Recorder)
+    a, b = (torch._C.Generator(device="cpu").manual_seed(5) for _ in range(2))
+    ga, gb = generator_for(a, "cuda:0"), generator_for(b, "cuda:0")
+    assert ga.device == torch.device("cuda:0") and ga.seed == gb.seed  # the same seed, the same device stream
+    assert torch.equal(a.get_state(), b.get_state())  # and one draw taken from each run stream alike
+    assert generator_for(a, "cuda:0").seed != ga.seed  # the next call draws the next seed
+
+
+def test_to_cpu_walks_containers():
+    state = {"a": [torch.ones(2), (torch.zeros(1), 3)], "b": {"c": torch.ones(1, requires_grad=True)}, "d": "x"}
+    out = to_cpu(state)
+    assert out["d"] == "x" and out["a"][1][1] == 3 and isinstance(out["a"][1], tuple)
+    assert not out["b"]["c"].requires_grad
+
+
+def test_a_device_this_machine_lacks_is_one_line():
+    assert check_device("cpu") == torch.device("cpu")
+    with pytest.raises(AssayError, match="sees no CUDA device") if not torch.cuda.is_available() else pytest.raises(AssayError):
+        check_device("cuda:99")
+    with pytest.raises(AssayError, match="not a torch device"):
+        check_device("gpu0")
+
+
+def test_rng_state_without_cuda_state_and_a_cuda_state_on_a_cpu_machine():
+    state = rng_state()
+    assert "sampler" not in state and ("cuda" in state) == (torch.cuda.is_available() and torch.cuda.is_initialized())
+    before = torch.rand(3, device="cpu")
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * 3  # written on a 3-GPU machine
+    if not torch.cuda.is_available():
+        torch.rand(3, device="cpu")
+        set_rng_state(state)  # the CPU streams come back; the CUDA states have nowhere to go and are skipped
+        assert torch.equal(torch.rand(3, device="cpu"), before)
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    from assay.models import load_policy
+
+    model, tok = load_policy("tiny-arith")
+    return model.eval(), tok
+
+
+def _prompts(n=12):
+    from assay.data.tasks import make_task
+
+    return make_task("arithmetic").heldout(n)
+
+
+def test_the_gpu_loop_decodes_as_the_cpu_loop(model_tok):
+    """A fixed batch read back every 16 steps (the GPU's loop) gives the CPU loop's greedy tokens and logprobs."""
+    model, tok = model_tok
+    cpu = TorchSampler(model, tok)
+    gpu_like = TorchSampler(model, tok, compact_frac=0.0, check_every=16)
+    params = SamplingParams(10, 0.0)
+    a, b = cpu.generate(_prompts(), 2, params), gpu_like.generate(_prompts(), 2, params)
+    assert [t.completion_ids for t in a] == [t.completion_ids for t in b] and [t.finished for t in a] == [t.finished for t in b]
+    assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-5
+    assert any(len(t.completion_ids) < 10 for t in a)  # rows did finish early: the fixed batch carried them on as padding
+
+
+def test_the_gpu_loop_records_what_the_learner_recomputes(model_tok):
+    from assay.training.learner import collate, token_logprobs
+    from assay.types import RewardResult
+
+    model, tok = model_tok
+    sampler = TorchSampler(model, tok, compact_frac=0.0, check_every=16)
+    trajs = sampler.generate(_prompts(), 4, SamplingParams(10, 1.0), torch.Generator(device="cpu").manual_seed(0))
+    batch = collate(trajs, [RewardResult(1.0)] * len(trajs), tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch, 1.0)
+    assert float(((lp - batch.old_logprobs).abs() * batch.mask).max()) < 5e-5
+
+
+def test_a_step_run_again_before_it_is_recorded_writes_the_same_cache(model_tok):
+    """CUDA-graph capture runs the first step three times (two warm-ups, the capture) before replaying it:
+    `forward_token` must write the same keys, values and mask each time and leave the slot where it was."""
+    from assay.rollout.decoder import StaticDecoder
+    from assay.rollout.torch_sampler import _left_pad
+
+    model, tok = model_tok
+    ids, mask = _left_pad(TorchSampler(model, tok).encode(_prompts(4)), tok.pad_token_id)
+
+    def first_step(warmups: int):
+        dec = StaticDecoder(model)
+        logits = dec.prefill(ids, mask, 2, 6).repeat_interleave(2, 0)
+        tok_ = logits.argmax(-1)
+        pos = mask.sum(-1, keepdim=True).repeat_interleave(2, 0)
+        for _ in range(warmups):
+            dec.forward_token(tok_, pos)
+        slot = int(dec.slot)
+        out = dec.step(tok_, pos)
+        return out, dec.keys.clone(), dec.values.clone(), dec.bias.clone(), slot, int(dec.slot)
+
+    once, thrice = first_step(0), first_step(3)
+    for x, y in zip(once[:4], thrice[:4]):
+        assert torch.equal(x, y)
+    assert once[4] == thrice[4] == ids.shape[1] and once[5] == thrice[5] == ids.shape[1] + 1
+
+
+def test_python_dash_m_assay_runs_the_command():
+    out = subprocess.run([sys.executable, "-m", "assay", "reward", "list"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "math" in out.stdout

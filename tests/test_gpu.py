@@ -1,0 +1,263 @@
+"""Every path on a CUDA device: sampling, training steps and resume, evaluation, reward models, pre-training.
+
+Marked `gpu` and skipped without CUDA; `scripts/gpu-check.sh` runs them on a GPU machine
+(`pytest -m gpu`). `ASSAY_TEST_DEVICE=cpu pytest -m gpu` runs the same tests on the CPU, which
+is how the tests themselves are checked where no GPU is lent; the CPU cannot see a device
+mix-up, which `tests/test_device_rule.py` guards instead.
+
+On a GPU a resumed run is compared with tolerances, not bit for bit: CUDA kernels that add
+with atomics (an embedding's backward) sum in a varying order, so two runs of the same seed
+differ in the last bits of their weights. The rollouts of the first step after a resume are
+drawn from the checkpoint's own weights and RNG state, so they are the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from _train_helpers import LEARNING_SIGNAL, weights
+from assay.config import load_config
+from assay.report.metrics import read_metrics
+from assay.training.rl import Trainer
+
+DEVICE = os.environ.get("ASSAY_TEST_DEVICE", "cuda")
+ON_CUDA = DEVICE.startswith("cuda")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(ON_CUDA and not torch.cuda.is_available(), reason="no CUDA device (ASSAY_TEST_DEVICE=cpu runs them on the CPU)"),
+]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from assay.models import load_policy
+
+    def load(dtype="float32", path="tiny-arith"):
+        model, tok = load_policy(path, DEVICE, dtype)
+        return model.eval(), tok
+
+    return load
+
+
+def _prompts(n=8):
+    from assay.data.tasks import make_task
+
+    return make_task("arithmetic").heldout(n)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
+def test_the_samplers_logprobs_are_the_learners(policy, dtype, tol):
+    """What the sampler records is what the learner recomputes: the first update's ratio is 1."""
+    from assay.devices import set_matmul_precision
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+    from assay.training.learner import collate, token_logprobs
+    from assay.types import RewardResult
+
+    set_matmul_precision(torch.device(DEVICE), tf32=False)
+    model, tok = policy(dtype)
+    sampler = TorchSampler(model, tok, DEVICE)
+    trajs = sampler.generate(_prompts(), 4, SamplingParams(8, 1.0), torch.Generator(device="cpu").manual_seed(0))
+    batch = collate(trajs, [RewardResult(1.0)] * len(trajs), tok.pad_token_id, torch.device(DEVICE))
+    assert all(getattr(batch, f).device.type == torch.device(DEVICE).type for f in ("input_ids", "rewards", "group", "components"))
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch, 1.0)
+    gap = ((lp - batch.old_logprobs).abs() * batch.mask).sum() / batch.mask.sum()
+    assert lp.dtype == torch.float32 and float(gap) < tol, float(gap)
+    set_matmul_precision(torch.device(DEVICE), tf32=True)
+
+
+def test_a_seed_draws_the_same_tokens(policy):
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+
+    model, tok = policy()
+    sampler = TorchSampler(model, tok, DEVICE)
+    draw = lambda seed: [t.completion_ids for t in sampler.generate(_prompts(), 4, SamplingParams(8, 1.0),  # noqa: E731
+                                                                     torch.Generator(device="cpu").manual_seed(seed))]
+    assert draw(0) == draw(0) != draw(1)
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs exist on CUDA only")
+def test_graph_replay_decodes_as_eager_steps(policy):
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+
+    model, tok = policy()
+    graphed, eager = TorchSampler(model, tok, DEVICE), TorchSampler(model, tok, DEVICE, cuda_graphs=False)
+    assert graphed.path == "static+cuda-graph" and eager.path == "static"
+    params = SamplingParams(12, 0.0)
+    a, b = graphed.generate(_prompts(16), 1, params), eager.generate(_prompts(16), 1, params)
+    assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
+    assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-4
+    assert graphed.cuda_graphs  # the capture worked: no fallback to eager decoding
+
+
+# ---------------------------------------------------------------- training and resume
+
+
+def _cfg(tmp, name, *extra):
+    return load_config(None, [
+        f"model.device={DEVICE}", f"output_dir={tmp}", f"run_name={name}", "train.steps=2", "train.eval_every=0", "train.eval_n=16",
+        "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.threads=1",
+        "optim.warmup_steps=0", "optim.lr=1e-3", *extra,
+    ])
+
+
+PATHS = {
+    "grpo": [LEARNING_SIGNAL],
+    "critic": [LEARNING_SIGNAL, "algo.advantage=gae"],
+    "kl-in-advantages": [LEARNING_SIGNAL, "algo.advantage=frpo", "algo.kl_coef=0.05"],
+    "greedy-baseline": ["algo.advantage=remax", "reward={name: random, args: {p: 0.5}}"],
+    "selection-and-mismatch": ["reward={name: random, args: {p: 0.3}}", "algo.mismatch=tis", "selection.dynamic=true", "selection.inject_gold=true",
+                               "selection.prompts=variance", "selection.retry=true", "train.micro_batch_mb=1"],
+    "episodes": ["model.path=tiny-calc", "data.task=arithmetic", "data.task_args={min_value: 1000, max_value: 9999, ops: '+'}",
+                 "env={name: calculator, args: {syntax: bracket}, max_turns: 2}", "rollout.max_new_tokens=20", "algo.advantage=turn_grpo",
+                 "reward={name: random, args: {p: 0.5}}"],
+    "bfloat16": [LEARNING_SIGNAL, "model.dtype=bfloat16"],
+}
+
+
+def _steps(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_step_and_a_resume(tmp_path, monkeypatch, path):
+    extra = PATHS[path]
+    full = Trainer(_cfg(tmp_path, "full", *extra)).fit(progress=False).run_dir
+    real = Trainer._rollout
+    calls = {"n": 0}
+
+    def stop_in_second(self):  # Ctrl-C after the second step's rollouts
+        out = real(self)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(Trainer, "_rollout", stop_in_second)
+    cut = Trainer(_cfg(tmp_path, "cut", *extra))
+    with pytest.raises(KeyboardInterrupt):
+        cut.fit(progress=False)
+    monkeypatch.setattr(Trainer, "_rollout", real)
+    assert sorted(_steps(cut.run_dir)) == [1]
+    resumed = Trainer(_cfg(tmp_path, "cut", *extra), run_dir=cut.run_dir, resume=True)
+    assert resumed.step == 1 and next(resumed.model.parameters()).device.type == torch.device(DEVICE).type
+    resumed.fit(progress=False)
+    a, b = _steps(full), _steps(cut.run_dir)
+    assert sorted(b) == [1, 2] and b[2]["rollout/tokens"] == a[2]["rollout/tokens"] and b[2]["reward/mean"] == a[2]["reward/mean"]
+    assert all(r["actor/grad_norm"] > 0 and r["actor/grad_norm"] == r["actor/grad_norm"] for r in (*a.values(), *b.values()))
+    wa, wb = weights(full / "final"), weights(cut.run_dir / "final")
+    dtype = wa[next(iter(wa))].dtype
+    assert dtype == (torch.bfloat16 if path == "bfloat16" else torch.float32)
+    for k in wa:  # equal up to the order CUDA's atomic adds summed in
+        assert torch.allclose(wa[k].float(), wb[k].float(), rtol=1e-2, atol=1e-3 if dtype == torch.float32 else 2e-2), k
+
+
+def test_checkpoints_are_device_free_and_carry_the_device_rng(tmp_path):
+    run = Trainer(_cfg(tmp_path, "ckpt", LEARNING_SIGNAL, "train.steps=1", "model.dtype=bfloat16")).fit(progress=False).run_dir
+    state = torch.load(run / "checkpoints" / "step_000001" / "trainer_state.pt", weights_only=False)  # no map_location
+    found = []
+
+    def walk(x):
+        if torch.is_tensor(x):
+            found.append(x.device.type)
+        elif isinstance(x, dict):
+            [walk(v) for v in x.values()]
+        elif isinstance(x, (list, tuple)):
+            [walk(v) for v in x]
+
+    walk(state)
+    assert found and set(found) == {"cpu"}
+    assert len(state["master_weights"]) == len([p for p in Trainer(_cfg(tmp_path, "x")).model.parameters()])
+    assert all(m.dtype == torch.float32 for m in state["master_weights"])
+    assert ("cuda" in state["rng"]) == ON_CUDA
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def test_eval_pass_at_k_best_of_n_and_episodes():
+    from assay.api import evaluate
+    from assay.eval.run import evaluate_best_of
+
+    out = evaluate("tiny-arith", task="arithmetic", n=32, k=4, device=DEVICE)
+    assert out["n"] == 32 and 0.0 <= out["accuracy"] <= out["pass@4"] <= 1.0
+    best = evaluate_best_of("tiny-arith", select="arithmetic", best_of=4, task="arithmetic", n=16, device=DEVICE, workers=0)
+    assert best["curve"][-1]["n"] == 4
+    ep = evaluate("tiny-calc", task="arithmetic", task_args={"min_value": 1000, "max_value": 9999, "ops": "+"}, n=16, k=0, max_new_tokens=20,
+                  env={"name": "calculator", "args": {"syntax": "bracket"}, "max_turns": 2}, device=DEVICE)
+    assert ep["n"] == 16 and "turns_mean" in ep
+
+
+# ---------------------------------------------------------------- reward models
+
+
+def test_reward_models_train_resume_evaluate_and_score(tmp_path):
+    import json
+
+    from assay.rewards.spec import build_reward
+    from assay.rm.config import load_rm_config
+    from assay.rm.eval import evaluate_path
+    from assay.rm.train import train_rm
+    from assay.types import Sample, Trajectory
+
+    rows = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1), "subset": "s"} for a in range(10) for b in range(4)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["model=tiny-arith", f"data.path={data}", f"output_dir={tmp_path}", f"device={DEVICE}", "train.threads=1", "train.batch_size=8",
+            "train.eval_every=2", "train.save_every=2", "data.eval_fraction=0.25"]
+    whole = train_rm(load_rm_config(None, [*args, "run_name=whole", "train.steps=4"]))
+    train_rm(load_rm_config(None, [*args, "run_name=cut", "train.steps=2"]))
+    resumed = train_rm(resume=tmp_path / "cut", overrides=["train.steps=4"])
+    a, b = read_metrics(whole.run_dir / "metrics.jsonl"), read_metrics(resumed.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] and a[-1]["eval/pair_accuracy"] == pytest.approx(b[-1]["eval/pair_accuracy"], abs=0.1)
+    out = evaluate_path(str(whole.run_dir), str(data), device=DEVICE)
+    assert 0.0 <= out["pair_accuracy"] <= 1.0
+    reward = build_reward({"name": "rm", "args": {"path": str(whole.run_dir), "device": DEVICE}})
+    trajs = [Trajectory(Sample(str(i), "3+4=", None), text, [], [], [], True) for i, text in enumerate(["7", "8"])]
+    assert all(r.score is not None for r in reward(trajs))
+
+
+def test_process_reward_labels_training_and_scoring(tmp_path):
+    import json
+
+    from assay.rewards.spec import build_reward
+    from assay.rm.config import load_rm_config
+    from assay.rm.label_steps import label_steps
+    from assay.rm.train import train_rm
+    from assay.types import Sample, Trajectory
+
+    rows = label_steps("tiny-arith", problems=8, samples=2, rollouts=2, steps="chars:1", device=DEVICE, seed=0)
+    assert rows and all(len(r["labels"]) == len(r["steps"]) for r in rows)
+    data = tmp_path / "steps.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = train_rm(load_rm_config(None, ["kind=prm", "model=tiny-arith", f"data.path={data}", f"output_dir={tmp_path}", "run_name=prm",
+                                         f"device={DEVICE}", "train.steps=2", "train.batch_size=4", "train.threads=1", "data.eval_fraction=0.25"]))
+    reward = build_reward({"name": "prm", "args": {"path": str(run.run_dir), "device": DEVICE}})
+    result = reward([Trajectory(Sample("1", "12+34=", "46"), "46", [], [], [], True)])[0]
+    assert result.score is not None and result.steps
+
+
+# ---------------------------------------------------------------- pre-training
+
+
+def test_supervised_pretraining_runs_on_the_device():
+    from assay.models import build_char_tokenizer, build_tiny_model
+    from assay.training.sft import SFTConfig, sft
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden=32, layers=2, heads=2, intermediate=64).to(DEVICE)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pairs = [("1+2=", "3"), ("4+5=", "9")] * 4
+    sft(model, tok, iter([pairs] * 3), SFTConfig(steps=3, batch_size=8, lr=1e-3, warmup=1, seed=0))
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,90 @@
+"""`model.dtype=bfloat16`: bf16 weights with fp32 master weights (`assay.training.precision`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _train_helpers import LEARNING_SIGNAL, weights
+from assay.config import load_config
+from assay.report.metrics import read_metrics
+from assay.training.precision import MasterWeights
+from assay.training.rl import Trainer
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=1.0)
+
+
+def test_updates_below_bf16_resolution_accumulate_in_the_masters():
+    # a weight of 1.0 moves in steps of 2^-8 in bf16 (7 stored mantissa bits): an update of 1e-3 rounds away
+    plain = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    mixed = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt_plain, weights_mixed = _sgd([plain]), MasterWeights([mixed], _sgd)
+    assert weights_mixed.mixed and weights_mixed.master[0].dtype == torch.float32
+    for _ in range(10):
+        for p in (plain, mixed):
+            p.grad = torch.full((4,), 1e-3, dtype=torch.bfloat16)
+        opt_plain.step()
+        weights_mixed.step(max_norm=1e9)
+    assert torch.equal(plain, torch.ones(4, dtype=torch.bfloat16))  # ten updates of 1e-3, all lost
+    assert weights_mixed.master[0].tolist() == pytest.approx([1 - 10 * 1e-3] * 4, abs=2e-5)
+    assert mixed.dtype == torch.bfloat16 and torch.equal(mixed.detach(), weights_mixed.master[0].to(torch.bfloat16))
+    assert float(mixed.detach()[0]) < 1.0  # the masters' sum reached the bf16 weight
+
+
+def test_the_norm_is_clipped_in_fp32_and_fp32_params_need_no_masters():
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+    w = MasterWeights([p], _sgd)
+    p.grad = torch.tensor([3.0, 4.0], dtype=torch.bfloat16)
+    assert w.step(max_norm=1.0) == pytest.approx(5.0)
+    assert w.master[0].tolist() == pytest.approx([-0.6, -0.8], abs=1e-6)
+    q = torch.nn.Parameter(torch.zeros(2))
+    plain = MasterWeights([q], _sgd)
+    assert not plain.mixed and plain.master == [] and plain.master_state() is None
+    assert plain.optimizer.param_groups[0]["params"][0] is q
+
+
+def test_masters_round_trip_and_default_to_the_weights():
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    w = MasterWeights([p], _sgd)
+    w.master[0].data += 1e-3  # a master between two bf16 values
+    saved = w.master_state()
+    fresh = MasterWeights([p], _sgd)
+    fresh.load_master(saved)
+    assert torch.equal(fresh.master[0], saved[0]) and saved[0].device.type == "cpu"
+    fresh.load_master(None)  # a checkpoint from before masters existed: read back from the bf16 weights
+    assert torch.equal(fresh.master[0], torch.ones(3))
+
+
+def test_a_bf16_run_trains_keeps_bf16_weights_and_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
+    def cfg(name):
+        return load_config(None, [
+            f"model.path={tiny_model_dir}", "model.dtype=bfloat16", f"output_dir={tmp_path}", f"run_name={name}", "train.steps=2",
+            "train.eval_every=0", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4",
+            "train.threads=1", "optim.warmup_steps=0", "optim.lr=1e-3", LEARNING_SIGNAL])
+
+    full = Trainer(cfg("full")).fit(progress=False).run_dir
+    real = Trainer._rollout
+    calls = {"n": 0}
+
+    def stop_in_second(self):
+        out = real(self)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(Trainer, "_rollout", stop_in_second)
+    cut = Trainer(cfg("cut"))
+    with pytest.raises(KeyboardInterrupt):
+        cut.fit(progress=False)
+    monkeypatch.setattr(Trainer, "_rollout", real)
+    Trainer(cfg("cut"), run_dir=cut.run_dir, resume=True).fit(progress=False)
+    wa, wb = weights(full / "final"), weights(cut.run_dir / "final")
+    assert all(v.dtype == torch.bfloat16 for v in wa.values())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the masters came back from the checkpoint, so the bf16 weights did too
+    start = weights(tiny_model_dir)
+    assert any(not torch.equal(wa[k], start[k].to(torch.bfloat16)) for k in wa)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("_per_s")} for r in rows]  # noqa: E731
+    assert strip(read_metrics(full / "metrics.jsonl")) == strip(read_metrics(cut.run_dir / "metrics.jsonl"))
