@@ -6,7 +6,7 @@ process on the same shape (16 prompts × 8 completions × 256 new tokens by defa
 
 - `assay-decode`: `TorchSampler.generate` alone — tokens/s, ms per token step, and the
   fraction of the decode roofline (`assay.bench.roofline`: weights and KV cache read per
-  step over the device's bandwidth);
+  step over the device's bandwidth); `assay-decode-compiled` with `rollout.compile`;
 - `hf-generate`: `model.generate(do_sample=True)` on the same prompts, the same figures;
 - `assay-torch`: whole GRPO steps (`Trainer.learn(collect())`, `rollout.backend=torch`);
 - `trl`: TRL's `GRPOTrainer` without vLLM (its generation is Hugging Face `generate`);
@@ -39,7 +39,7 @@ MODELS = {
     "tiny-a": dict(hidden=64, layers=2, heads=2, kv_heads=2, intermediate=128, vocab=512),
     "tiny-b": dict(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=512),
 }
-FRAMEWORKS = ("assay-decode", "hf-generate", "assay-torch", "trl", "assay-vllm", "trl-vllm")
+FRAMEWORKS = ("assay-decode", "assay-decode-compiled", "hf-generate", "assay-torch", "trl", "assay-vllm", "trl-vllm")
 
 
 def padding_chars(n: int, start: int = 0x4E00) -> str:
@@ -111,7 +111,7 @@ def _roofline(model, spec: dict, prompt_len: float, steps: int, step_s: float) -
     return {"roofline_ms": need / bw * 1e3, "roofline_frac": need / bw / step_s, "bandwidth": source}
 
 
-def run_decode(spec: dict, hf: bool) -> dict:
+def run_decode(spec: dict, hf: bool, compile: bool = False) -> dict:
     """Time generation alone: `TorchSampler.generate` (or Hugging Face `generate`), one warm-up call, then `--repeats` timed calls."""
     import torch
 
@@ -122,7 +122,7 @@ def run_decode(spec: dict, hf: bool) -> dict:
     model, tok = load_policy(spec["model_dir"], spec["device"], spec["dtype"])
     model.eval()
     samples = _prompts(spec)
-    sampler = TorchSampler(model, tok, spec["device"])
+    sampler = TorchSampler(model, tok, spec["device"], compile=compile)
     ids, mask = (t.to(spec["device"]) for t in _left_padded(sampler, samples))
     params = SamplingParams(spec["max_new_tokens"], 1.0)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -257,8 +257,8 @@ def worker(spec_path: str) -> None:
     if spec["device"] == "cpu":
         torch.set_num_threads(1)  # the CPU check of the script itself: one thread, whatever else the machine runs
     fw = spec["framework"]
-    out = (run_decode(spec, hf=False) if fw == "assay-decode" else run_decode(spec, hf=True) if fw == "hf-generate"
-           else run_trl(spec) if fw.startswith("trl") else run_assay(spec))
+    out = (run_decode(spec, hf=False, compile=fw.endswith("compiled")) if fw.startswith("assay-decode")
+           else run_decode(spec, hf=True) if fw == "hf-generate" else run_trl(spec) if fw.startswith("trl") else run_assay(spec))
     Path(spec["out"]).write_text(json.dumps(out))
 
 
@@ -306,7 +306,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="tiny models in fp32 on the CPU (the check of the script itself)")
     p.add_argument("--models", default=None, help="comma-separated model names (default: qwen2-0.5b,qwen2-100m; tiny-a,tiny-b with --tiny)")
-    p.add_argument("--frameworks", default=None, help=f"comma-separated, from {', '.join(FRAMEWORKS)} (default: all; the vLLM ones where vLLM is installed)")
+    p.add_argument("--frameworks", default=None, help=f"comma-separated, from {', '.join(FRAMEWORKS)} "
+                   "(default: all; the vLLM ones where vLLM is installed; not the compiled one with --tiny, where compiling takes longest)")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (default 16; 4 with --tiny)")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="completion limit (default 256; 16 with --tiny)")
@@ -324,7 +325,8 @@ def main() -> None:
     args.prompts = args.prompts or (4 if args.tiny else 16)
     args.max_new_tokens = args.max_new_tokens or (16 if args.tiny else 256)
     models = (args.models or ("tiny-a,tiny-b" if args.tiny else "qwen2-0.5b,qwen2-100m")).split(",")
-    frameworks = args.frameworks.split(",") if args.frameworks else [f for f in FRAMEWORKS if "vllm" not in f or _vllm_installed()]
+    default = [f for f in FRAMEWORKS if ("vllm" not in f or _vllm_installed()) and not (args.tiny and f.endswith("compiled"))]
+    frameworks = args.frameworks.split(",") if args.frameworks else default
     rows = []
     with tempfile.TemporaryDirectory(prefix="assay-gpu-check-") as tmp:
         work = Path(tmp)

@@ -141,3 +141,15 @@ def test_a_step_run_again_before_it_is_recorded_writes_the_same_cache(model_tok)
 def test_python_dash_m_assay_runs_the_command():
     out = subprocess.run([sys.executable, "-m", "assay", "reward", "list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "math" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_compiled_step_decodes_as_the_eager_step_on_the_cpu(model_tok):
+    """`rollout.compile`: the same greedy tokens and logprobs to rounding (Inductor's fused kernels round differently)."""
+    model, tok = model_tok
+    compiled, eager = TorchSampler(model, tok, compile=True), TorchSampler(model, tok)
+    params = SamplingParams(10, 0.0)
+    a, b = compiled.generate(_prompts(), 2, params), eager.generate(_prompts(), 2, params)
+    assert compiled.compile and compiled.path == "static+compiled"
+    assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
+    assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-4

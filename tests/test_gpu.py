@@ -101,6 +101,20 @@ def test_graph_replay_decodes_as_eager_steps(policy):
     assert graphed.cuda_graphs  # the capture worked: no fallback to eager decoding
 
 
+@pytest.mark.skipif(not ON_CUDA, reason="compiling on a CPU takes a minute (tests/test_devices.py has it, marked slow)")
+def test_a_compiled_step_decodes_as_the_eager_step(policy):
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+
+    model, tok = policy()
+    compiled, eager = TorchSampler(model, tok, DEVICE, compile=True), TorchSampler(model, tok, DEVICE)
+    params = SamplingParams(12, 0.0)
+    a, b = compiled.generate(_prompts(16), 1, params), eager.generate(_prompts(16), 1, params)
+    assert compiled.compile and compiled.cuda_graphs  # neither fell back
+    assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
+    assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-3
+
+
 # ---------------------------------------------------------------- training and resume
 
 

@@ -89,6 +89,10 @@ class RolloutConfig(Section):
     cuda_graphs: bool = True
     """`torch` on a CUDA device: record one decoding step as a CUDA graph and replay it for every
     token (the step's ~25 kernels per layer then cost one launch; docs/performance.md, "On a GPU")."""
+    compile: bool = False
+    """`torch`: run the decoding step through `torch.compile` (Inductor fuses its small operations;
+    the first generation compiles, tens of seconds). Off by default until measured on a GPU
+    (`benchmarks/gpu_check.py`, row `assay-decode-compiled`)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """`vllm`: extra keyword arguments of `vllm.LLM` (for example `{gpu_memory_utilization: 0.5,
     max_model_len: 4096}`); they override assay's choices."""

@@ -29,6 +29,8 @@ On a CPU the same step runs eagerly.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -70,8 +72,9 @@ class StaticDecoder:
     score matmul (`baddbmm`), and on a CPU every projection weight-major (`_linear_t`).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, compile: bool = False):
         self.model = model
+        self.compile = compile
         cfg = model.config
         body = model.model
         attn0 = body.layers[0].self_attn
@@ -140,7 +143,22 @@ class StaticDecoder:
         return CudaGraphStep(self, tok, pos)
 
     def forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """One step's computation, writing cache slot `slot` (not advanced): the body of `step` and of its CUDA graph."""
+        """One step's computation, writing cache slot `slot` (not advanced): the body of `step` and of its CUDA graph.
+
+        With `compile`, the step runs through `torch.compile` (Inductor fuses the norms, rotary
+        embeddings, residual adds and activations into a few kernels); compiled once per process
+        for any batch and cache size (`dynamic=True`).
+        """
+        if self.compile:
+            try:
+                return _compiled_forward()(self, tok, pos)
+            except Exception as e:  # Inductor's failures have many types; the step still runs, eagerly
+                warnings.warn(f"assay: torch.compile failed on the decoding step ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              "decoding eagerly", stacklevel=2)
+                self.compile = False
+        return self._forward_token(tok, pos)
+
+    def _forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         body = self.model.model
         A, slot = tok.shape[0], self.slot
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
@@ -170,6 +188,17 @@ class StaticDecoder:
             gate, up = linear(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
             x = x + linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return self.model.get_output_embeddings()(self.final_norm(x))
+
+
+_COMPILED = None
+
+
+def _compiled_forward():
+    """`StaticDecoder._forward_token` through `torch.compile`, made on first use and shared by every decoder."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(StaticDecoder._forward_token, dynamic=True)
+    return _COMPILED
 
 
 class CudaGraphStep:

@@ -103,13 +103,15 @@ class TorchSampler:
             of the running rows has finished (dropping copies the cache); 0 never drops them.
             Default: 0.25 on a CPU, 0 elsewhere (a fixed batch never reads back which rows run).
         cuda_graphs: on a CUDA device, replay `StaticDecoder`'s step as a CUDA graph.
+        compile: run `StaticDecoder`'s step through `torch.compile` (fewer, fused kernels; the
+            first call compiles, which takes tens of seconds).
         check_every: read back whether any row still runs every this many steps (each read
             waits for the device; at most this many steps are wasted at the end). Default: 1
             on a CPU (reading back is free there), 16 elsewhere.
     """
 
     def __init__(self, model, tokenizer, device: str | torch.device | None = None, fast: bool = True, compact_frac: float | None = None,
-                 cuda_graphs: bool = True, check_every: int | None = None):
+                 cuda_graphs: bool = True, check_every: int | None = None, compile: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.stop = torch.tensor(stop_ids(model, tokenizer), dtype=torch.long, device=self.device)  # EOS, end of turn
@@ -118,7 +120,7 @@ class TorchSampler:
         self.fast = fast
         self.compact_frac = compact_frac if compact_frac is not None else (0.25 if on_cpu else 0.0)
         self.check_every = max(1, check_every if check_every is not None else (1 if on_cpu else 16))
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs, self.compile = cuda_graphs, compile
         self.version = 0
 
     def update_weights(self, model, version: int) -> None:
@@ -146,7 +148,7 @@ class TorchSampler:
         why = supported(self.model) if self.fast else "fast=False"
         if why is not None:
             return f"hf ({why})"
-        return "static+cuda-graph" if self._graphs else "static"
+        return "static" + ("+compiled" if self.compile else "") + ("+cuda-graph" if self._graphs else "")
 
     @property
     def _graphs(self) -> bool:
@@ -196,7 +198,7 @@ class TorchSampler:
         dev = self.device
         ids, mask = _left_pad(prompt_ids, self.pad_id)
         fast = self.fast and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
-        stepper = StaticDecoder(self.model) if fast else _HFStepper(self.model)
+        stepper = StaticDecoder(self.model, self.compile) if fast else _HFStepper(self.model)
         ids, mask = ids.to(dev), mask.to(dev)
         logits = stepper.prefill(ids, mask, n, params.max_new_tokens)
         if n > 1:
@@ -239,4 +241,4 @@ class TorchSampler:
 @SAMPLERS.register("torch")
 def torch_sampler(model, tokenizer, rollout=None, device="cpu") -> TorchSampler:
     """The in-process sampler over the learner's own model."""
-    return TorchSampler(model, tokenizer, device, cuda_graphs=getattr(rollout, "cuda_graphs", True))
+    return TorchSampler(model, tokenizer, device, cuda_graphs=getattr(rollout, "cuda_graphs", True), compile=getattr(rollout, "compile", False))
