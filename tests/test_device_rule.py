@@ -67,7 +67,7 @@ def test_the_package_keeps_the_device_rule():
 
 def test_the_lint_reads_every_module_of_the_package():
     names = {str(p.relative_to(SRC)) for p in _package()}
-    for part in ("rollout/torch_sampler.py", "rollout/decoder.py", "training/learner.py", "training/rl.py", "eval/policy.py",
+    for part in ("rollout/torch_sampler.py", "rollout/decoder.py", "training/learner.py", "batch.py", "training/rl.py", "eval/policy.py",
                  "rm/train.py", "models/llama.py", "algos/advantages.py", "recipes/build.py"):
         assert part in names
 
@@ -108,8 +108,8 @@ def test_bug_1_put_back_is_caught():
 
 def test_bug_2_put_back_is_caught():
     """The H200's second crash: a Batch held CPU rewards beside CUDA tokens, and an index on one device selected from both."""
-    assert not lint((SRC / "training/learner.py").read_text())
-    cpu_rewards = _mutated("training/learner.py", "for r in results], dtype=torch.float32, device=device)", "for r in results], dtype=torch.float32)")
+    assert not lint((SRC / "batch.py").read_text())
+    cpu_rewards = _mutated("batch.py", "for r in results], dtype=torch.float32, device=device)", "for r in results], dtype=torch.float32)")
     assert any("rule A" in f for f in lint(cpu_rewards))
     cpu_index = _mutated("training/rl.py", "torch.arange(B, device=self.device)", "torch.arange(B)")
     assert any("rule A" in f for f in lint(cpu_index))

@@ -17,6 +17,7 @@ from assay.models.llama import supported
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
 from assay.training import learner
+from assay.models import logprobs as logprobs_mod
 from assay.models.logprobs import token_logprobs_from_hidden
 from assay.types import RewardResult
 
@@ -226,7 +227,7 @@ def test_policy_loss_and_gradients_equal_a_plain_reference(chunked, monkeypatch)
             p.add_(torch.randn_like(p) * 0.05)
     adv = torch.randn(batch.mask.shape)
     if chunked:
-        monkeypatch.setattr(learner, "CHUNKED_MIN_ELEMENTS", 0)
+        monkeypatch.setattr(logprobs_mod, "CHUNKED_MIN_ELEMENTS", 0)
     model.train()
     model.zero_grad()
     loss, metrics = learner.policy_step(model, None, batch, adv, AlgoConfig(), 1.0, 12)

@@ -12,11 +12,21 @@ kernels of Liger-Kernel and verl make. Memory for logits falls from `B·T·V` to
 
 The entropy of each position's distribution comes out of the same pass, without a
 gradient (it is a metric; an entropy bonus needs its gradient and takes the plain path).
+
+`token_logprobs` is the one entry point: a `Batch`'s completion-token logprobs under a model,
+through the shared-prefix forward and the chunked head where they apply.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+from assay.models.llama import FAMILY, batch_supported as forward_supported, prefix_hidden
+
+if TYPE_CHECKING:
+    from assay.batch import Batch
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -77,3 +87,57 @@ def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targe
     shape = targets.shape
     lp, ent = _ChunkedLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), float(temperature), int(chunk), with_entropy)
     return lp.view(shape), (ent.view(shape) if with_entropy else None)
+
+
+def _fused_head(model) -> torch.Tensor | None:
+    """The LM head's weight when logits are exactly `hidden @ W.T` (no bias, scale or soft-cap), else None."""
+    cfg = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if getattr(cfg, "model_type", None) not in FAMILY or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return None
+    return head.weight
+
+
+#: logits of at least this many elements (`B·T·V`; 128 MB in fp32) go through the chunked LM head
+CHUNKED_MIN_ELEMENTS = 1 << 25
+
+
+def token_logprobs(model, batch: "Batch", temperature: float = 1.0, with_entropy: bool = False,
+                   entropy_grad: bool = False, fast: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob `[B, T]` of each completion token under `model` (and its entropy `[B, T]`).
+
+    Only the T positions that predict completion tokens go through the LM head. With
+    `fast` (the default) a Llama-family model runs assay's shared-prefix forward
+    (`assay.models.llama`: each distinct prompt once); otherwise, and for other models,
+    the model's own forward runs every row whole. When the logits would be large (at
+    least `CHUNKED_MIN_ELEMENTS`) and the LM head is a plain matrix, the head runs in
+    chunks (`assay.models.logprobs`), so `[B, T, V]` logits are never held for the backward
+    pass; the entropy then comes without a gradient, which is all a metric needs. Below
+    that size the plain head is faster (one matmul, no recomputation). `entropy_grad=True`
+    (an entropy bonus) always takes the plain head, where the entropy is differentiable.
+    """
+    T = batch.response_len
+    targets = batch.input_ids[:, -T:]  # [B, T]
+    weight = None if entropy_grad else _fused_head(model)
+    if weight is not None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
+        weight = None
+    hidden = prefix_hidden(model, batch) if fast and forward_supported(model, batch) is None else None  # [B, T, H]
+    if weight is not None:
+        if hidden is None:
+            out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+            hidden = out.last_hidden_state[:, -T - 1 : -1]  # the positions that predict completion tokens
+        return token_logprobs_from_hidden(hidden, weight, targets, temperature, with_entropy=with_entropy)
+    if hidden is not None:
+        logits = model.get_output_embeddings()(hidden).float()
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
+        logits = out.logits[:, :-1].float()  # [B, T, V]
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
+    lp = logp.gather(-1, targets[..., None])[..., 0]
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = -(logp.exp() * logp).sum(-1)  # [B, T]
+    return lp, ent

@@ -195,7 +195,8 @@ class OpenAISampler:
     def _check_temperature(self, trajs: list[Trajectory], temperature: float) -> None:
         """Stop when the server's logprobs are the untempered ones (a vLLM server without `--logprobs-mode processed_logprobs`)."""
         from assay.rollout.base import pad_id
-        from assay.training.learner import collate, token_logprobs
+        from assay.batch import collate
+        from assay.models.logprobs import token_logprobs
         from assay.types import RewardResult
 
         self._checked_temperature = True

@@ -42,7 +42,7 @@ from assay.types import RewardResult, Sample, Trajectory
 class StepData:
     """What one training step hands to the providers."""
 
-    batch: Any  # assay.training.learner.Batch
+    batch: Any  # assay.batch.Batch
     trajs: list[Trajectory]
     results: list[RewardResult]
     prompts: list[Sample]  # one per group, in group order
@@ -145,7 +145,7 @@ class RefLogprobs(Extra):
             raise AssayError(f"algo.advantage={trainer.cfg.algo.advantage!r} needs ref_logprobs: set algo.kl_coef > 0 to load a reference model")
 
     def __call__(self, step):
-        from assay.training.learner import token_logprobs
+        from assay.models.logprobs import token_logprobs
 
         cfg = self.trainer.cfg
         with torch.no_grad():
@@ -169,7 +169,7 @@ class GreedyRewards(Extra):
 
 def _step_tensors(step: StepData, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     if "steps" not in step.cache:
-        from assay.training.learner import step_tensors
+        from assay.batch import step_tensors
 
         step.cache["steps"] = step_tensors(step.trajs, step.results, tokenizer)
     return step.cache["steps"]

@@ -6,137 +6,14 @@ estimator or loss is selected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, bind_args, requirements
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
-from assay.models.llama import batch_supported as forward_supported, prefix_hidden
-from assay.models.logprobs import token_logprobs_from_hidden
-from assay.types import RewardResult, Trajectory
-
-
-@dataclass
-class Batch:
-    """Scored rollouts as tensors: prompts left-padded to P, completions right-padded to T.
-
-    Every field lives on the learner's device (the per-row rewards, group ids and components
-    too), so any index selects from all of them alike.
-    """
-
-    input_ids: torch.Tensor  # [B, P+T]
-    attention_mask: torch.Tensor  # [B, P+T]
-    position_ids: torch.Tensor  # [B, P+T]
-    mask: torch.Tensor  # [B, T] the loss mask: 1 on completion tokens the model sampled
-    old_logprobs: torch.Tensor  # [B, T] the sampler's logprobs
-    rewards: torch.Tensor  # [B] NaN where unscored
-    group: torch.Tensor  # [B]
-    components: torch.Tensor  # [B, K] named reward components (sorted names), NaN where absent
-    is_weights: torch.Tensor | None = None  # [B, T] TIS/MIS weights on the policy loss (algo.mismatch); None: off
-
-    @property
-    def response_len(self) -> int:
-        return self.mask.shape[1]
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """`[B]` completion tokens per row, sampled or shown (the loss mask may have holes; this counts them)."""
-        return self.attention_mask[:, -self.response_len :].sum(-1)
-
-    def select(self, idx: torch.Tensor) -> "Batch":
-        """The rows `idx [N]` (an index on any device) of every field."""
-        idx = idx.to(self.mask.device)
-        return Batch(*(None if (v := getattr(self, f)) is None else v[idx] for f in self.__dataclass_fields__))
-
-
-def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, device: torch.device) -> Batch:
-    """Pack trajectories and their rewards into one `Batch`: exactly their token ids, left-padded prompts.
-
-    The loss mask is each trajectory's `loss_mask` (0 on tokens the model was shown rather
-    than sampled) over its completion, 0 on padding; a single-turn trajectory's is all ones.
-    """
-    B = len(trajs)
-    P = max(len(t.prompt_ids) for t in trajs)
-    T = max(1, max(len(t.completion_ids) for t in trajs))
-    # rows built as Python lists and converted once: one tensor per row costs more than the rest of the step at small shapes
-    ids, attn, old, loss = [], [], [], []
-    for t in trajs:
-        p, c = len(t.prompt_ids), len(t.completion_ids)
-        ids.append([pad_id] * (P - p) + list(t.prompt_ids) + list(t.completion_ids) + [pad_id] * (T - c))
-        attn.append([0] * (P - p) + [1] * (p + c) + [0] * (T - c))
-        old.append(list(t.logprobs) + [0.0] * (T - c))
-        loss.append(([1] * c if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask]) + [0] * (T - c))
-    names = sorted({k for r in results for k in r.components})
-    comps = [[float(r.components.get(k, float("nan"))) for k in names] for r in results]
-    ids_t = torch.tensor(ids, dtype=torch.long, device=device)
-    attn_t = torch.tensor(attn, dtype=torch.long, device=device)
-    mask = torch.tensor(loss, dtype=torch.float32, device=device)
-    return Batch(
-        ids_t, attn_t, (attn_t.cumsum(-1) - 1).clamp(min=0), mask,
-        torch.tensor(old, dtype=torch.float32, device=device) * mask,  # logprobs only where the model sampled
-        torch.tensor([float("nan") if r.score is None else float(r.score) for r in results], dtype=torch.float32, device=device),
-        torch.tensor([t.group for t in trajs], dtype=torch.long, device=device),
-        torch.tensor(comps, dtype=torch.float32, device=device).reshape(B, len(names)),
-    )
-
-
-def _fused_head(model) -> torch.Tensor | None:
-    """The LM head's weight when logits are exactly `hidden @ W.T` (no bias, scale or soft-cap), else None."""
-    from assay.models.llama import FAMILY
-
-    cfg = getattr(model, "config", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if getattr(cfg, "model_type", None) not in FAMILY or not isinstance(head, torch.nn.Linear) or head.bias is not None:
-        return None
-    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
-        return None
-    return head.weight
-
-
-#: logits of at least this many elements (`B·T·V`; 128 MB in fp32) go through the chunked LM head
-CHUNKED_MIN_ELEMENTS = 1 << 25
-
-
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                   entropy_grad: bool = False, fast: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob `[B, T]` of each completion token under `model` (and its entropy `[B, T]`).
-
-    Only the T positions that predict completion tokens go through the LM head. With
-    `fast` (the default) a Llama-family model runs assay's shared-prefix forward
-    (`assay.models.llama`: each distinct prompt once); otherwise, and for other models,
-    the model's own forward runs every row whole. When the logits would be large (at
-    least `CHUNKED_MIN_ELEMENTS`) and the LM head is a plain matrix, the head runs in
-    chunks (`assay.models.logprobs`), so `[B, T, V]` logits are never held for the backward
-    pass; the entropy then comes without a gradient, which is all a metric needs. Below
-    that size the plain head is faster (one matmul, no recomputation). `entropy_grad=True`
-    (an entropy bonus) always takes the plain head, where the entropy is differentiable.
-    """
-    T = batch.response_len
-    targets = batch.input_ids[:, -T:]  # [B, T]
-    weight = None if entropy_grad else _fused_head(model)
-    if weight is not None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
-        weight = None
-    hidden = prefix_hidden(model, batch) if fast and forward_supported(model, batch) is None else None  # [B, T, H]
-    if weight is not None:
-        if hidden is None:
-            out = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-            hidden = out.last_hidden_state[:, -T - 1 : -1]  # the positions that predict completion tokens
-        return token_logprobs_from_hidden(hidden, weight, targets, temperature, with_entropy=with_entropy)
-    if hidden is not None:
-        logits = model.get_output_embeddings()(hidden).float()
-    else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
-        logits = out.logits[:, :-1].float()  # [B, T, V]
-    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-    lp = logp.gather(-1, targets[..., None])[..., 0]
-    ent = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = -(logp.exp() * logp).sum(-1)  # [B, T]
-    return lp, ent
+from assay.batch import Batch, collate, step_tensors  # noqa: F401  (re-exported: the learner's batch)
+from assay.models.logprobs import token_logprobs
 
 
 def kl_in_loss(algo: AlgoConfig, ref_model) -> bool:
@@ -309,26 +186,6 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
     if skip_inert:
         out["actor/skipped_frac"] = skipped / max(B, 1)
     return out
-
-
-def step_tensors(trajs: list[Trajectory], results: list[RewardResult], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-step rewards `[B, S]` (NaN-padded) and the token index where each step ends `[B, S]` (−1 padded).
-
-    A reward gives step scores with character spans of the completion; a step ends at the
-    first token whose decoded prefix reaches the span's end.
-    """
-    S = max([len(r.steps or []) for r in results] + [1])
-    rewards = torch.full((len(trajs), S), float("nan"), device="cpu")  # extras are made on the CPU; the estimator gets them on the batch's device
-    ends = torch.full((len(trajs), S), -1, dtype=torch.long, device="cpu")
-    for i, (t, r) in enumerate(zip(trajs, results)):
-        if not r.steps:
-            continue
-        prefix = [len(tokenizer.decode(t.completion_ids[: k + 1], skip_special_tokens=True)) for k in range(len(t.completion_ids))]
-        spans = r.spans or [(0, len(t.completion))] * len(r.steps)
-        for j, (score, (_, end)) in enumerate(zip(r.steps, spans)):
-            rewards[i, j] = float(score)
-            ends[i, j] = next((k for k, n in enumerate(prefix) if n >= end), len(prefix) - 1)
-    return rewards, ends
 
 
 #: parameters of an estimator that the trainer fills itself (not hyperparameters)
