@@ -200,11 +200,9 @@ def run_trl(spec: dict) -> dict:
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, spec["dtype"])).to(spec["device"])
-    gpu = spec["device"].startswith("cuda")
-    args = trl_args(bench, spec["work_dir"])  # the step shape of `assay bench train`; set after __post_init__, which derives batch sizes
     vllm = spec["framework"] == "trl-vllm"
-    for key, value in dict(use_cpu=not gpu, bf16=spec["dtype"] == "bfloat16", use_vllm=vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3).items():
-        setattr(args, key, value)
+    args = trl_args(bench, spec["work_dir"], use_cpu=not spec["device"].startswith("cuda"), bf16=spec["dtype"] == "bfloat16",
+                    use_vllm=vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)  # the step shape of `assay bench train`
     reward = RecordingReward(task.reward, {s.prompt: len(tok(text=s.prompt)["input_ids"]) for s in samples}, bench.group_size)
     clock: dict[str, list] = {"end": [], "gen": []}
 

@@ -32,18 +32,34 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   BASE=${PYTHON:-python3}
   torch_before=$("$BASE" -c 'import torch; print(torch.__version__)')
   VENV=/tmp/assay-gpu-venv
-  "$BASE" -m venv --system-site-packages "$VENV"
-  if "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links .whl -e . >"$OUT/pip.log" 2>&1; then
-    PY=$VENV/bin/python
-    torch_after=$("$PY" -c 'import torch; print(torch.__version__)')
-    say "pip install -e . (offline, from .whl): ok; torch $torch_before before, $torch_after after"
-    [ "$torch_before" = "$torch_after" ] || { say "FAILED: installing assay replaced torch"; status=1; }
+  rm -rf "$VENV" && "$BASE" -m venv --system-site-packages "$VENV"
+  # a venv made from a venv (this image's python3 is one) sees only the base interpreter's packages:
+  # point the new one at this Python's own site-packages too (after its own, which win)
+  site_dir=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$BASE" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site_dir/_assay_base_python.pth"
+  PY=$VENV/bin/python
+  PIP=("$PY" -m pip --disable-pip-version-check install --no-index --find-links .whl)
+  # would installing assay replace this machine's torch? pip's own plan says
+  "${PIP[@]}" -q --dry-run --report "$OUT/pip-plan.json" -e . trl==1.16.0 >"$OUT/pip.log" 2>&1
+  "$PY" - "$OUT/pip-plan.json" <<'PY' || status=1
+import json, sys
+try:
+    plan = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(print("gpu-check: pip could not plan the install offline (see pip.log)") or 0)
+names = sorted(i["metadata"]["name"] for i in plan["install"])
+print("gpu-check: pip install -e . would install:", ", ".join(names))
+sys.exit(1 if any(n.lower() == "torch" for n in names) else 0)
+PY
+  if "${PIP[@]}" -q -e . trl==1.16.0 >>"$OUT/pip.log" 2>&1; then
+    say "pip install -e . (offline, from .whl): ok; torch $torch_before before, $("$PY" -c 'import torch; print(torch.__version__)') after"
   else
-    say "FAILED: pip install -e . (see $OUT/pip.log); running from the source tree instead"; tail -3 "$OUT/pip.log"; status=1
-    "$BASE" -m pip install -q --no-index --no-deps --target /tmp/assay-site .whl/*.whl
-    export PYTHONPATH=/tmp/assay-site:$PWD/src
-    PY=$BASE
+    say "pip install -e . with its requirements failed offline (tail of $OUT/pip.log below); installing without them"
+    tail -3 "$OUT/pip.log"; status=1
+    "${PIP[@]}" -q --no-deps -e . .whl/*.whl >>"$OUT/pip.log" 2>&1 || { say "FAILED: even without requirements"; exit 1; }
   fi
+  torch_after=$("$PY" -c 'import torch; print(torch.__version__)')
+  [ "$torch_before" = "$torch_after" ] || { say "FAILED: installing assay replaced torch ($torch_before -> $torch_after)"; status=1; }
   BENCH=()
 else
   say "no CUDA device: the same steps on the CPU, at tiny shapes"

@@ -130,7 +130,7 @@ def test_a_step_run_again_before_it_is_recorded_writes_the_same_cache(model_tok)
             dec.forward_token(tok_, pos)
         slot = int(dec.slot)
         out = dec.step(tok_, pos)
-        return out, dec.keys.clone(), dec.values.clone(), dec.bias.clone(), slot, int(dec.slot)
+        return out, torch.stack(dec.keys), torch.stack(dec.values), dec.bias.clone(), slot, int(dec.slot)
 
     once, thrice = first_step(0), first_step(3)
     for x, y in zip(once[:4], thrice[:4]):

@@ -6,9 +6,10 @@ is how the tests themselves are checked where no GPU is lent; the CPU cannot see
 mix-up, which `tests/test_device_rule.py` guards instead.
 
 On a GPU a resumed run is compared with tolerances, not bit for bit: CUDA kernels that add
-with atomics (an embedding's backward) sum in a varying order, so two runs of the same seed
-differ in the last bits of their weights. The rollouts of the first step after a resume are
-drawn from the checkpoint's own weights and RNG state, so they are the uninterrupted run's.
+with atomics (an embedding's backward, memory-efficient attention's backward) sum in a varying
+order, so two runs of the same seed can differ in the last bits of their weights. Where the two
+runs' step-1 checkpoints are equal, the rollouts of the step after the resume are drawn from the
+same weights and RNG state, and must be the uninterrupted run's exactly.
 """
 
 from __future__ import annotations
@@ -106,10 +107,15 @@ def test_a_compiled_step_decodes_as_the_eager_step(policy):
     from assay.rollout.base import SamplingParams
     from assay.rollout.torch_sampler import TorchSampler
 
+    import warnings
+
     model, tok = policy()
     compiled, eager = TorchSampler(model, tok, DEVICE, compile=True), TorchSampler(model, tok, DEVICE)
     params = SamplingParams(12, 0.0)
-    a, b = compiled.generate(_prompts(16), 1, params), eager.generate(_prompts(16), 1, params)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="assay:")  # a fallback to eager decoding warns "assay: ..."
+        a = compiled.generate(_prompts(16), 1, params)
+    b = eager.generate(_prompts(16), 1, params)
     assert compiled.compile and compiled.cuda_graphs  # neither fell back
     assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
     assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-3
@@ -168,7 +174,10 @@ def test_a_step_and_a_resume(tmp_path, monkeypatch, path):
     assert resumed.step == 1 and next(resumed.model.parameters()).device.type == torch.device(DEVICE).type
     resumed.fit(progress=False)
     a, b = _steps(full), _steps(cut.run_dir)
-    assert sorted(b) == [1, 2] and b[2]["rollout/tokens"] == a[2]["rollout/tokens"] and b[2]["reward/mean"] == a[2]["reward/mean"]
+    assert sorted(b) == [1, 2]
+    step1 = [weights(run / "checkpoints" / "step_000001") for run in (full, cut.run_dir)]
+    if all(torch.equal(step1[0][k], step1[1][k]) for k in step1[0]):  # the same weights after step 1: the same step-2 rollouts
+        assert b[2]["rollout/tokens"] == a[2]["rollout/tokens"] and b[2]["reward/mean"] == a[2]["reward/mean"]
     assert all(r["actor/grad_norm"] > 0 and r["actor/grad_norm"] == r["actor/grad_norm"] for r in (*a.values(), *b.values()))
     wa, wb = weights(full / "final"), weights(cut.run_dir / "final")
     dtype = wa[next(iter(wa))].dtype

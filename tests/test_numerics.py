@@ -368,3 +368,19 @@ def test_rows_are_not_skipped_when_a_zero_advantage_still_has_a_gradient(arith_b
         assert metrics["actor/skipped_frac"] == 0.0
         assert any(float(p.grad.abs().max()) > 0 for p in model.parameters() if p.grad is not None)
     assert learner.skips_inert_rows(AlgoConfig(kl_coef=0.1, advantage="frpo"), ref)  # KL through the advantages only
+
+
+def test_the_cache_goes_by_the_name_the_models_forward_takes():
+    """transformers 5.17's forward takes `past_key_values` only; a `cache=` there lands in `**kwargs`, is ignored,
+    and every token would decode without its context (seen on the GPU machine's transformers)."""
+    from assay.rollout.decoder import cache_arg
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, past_key_values=None, **kwargs):
+            return input_ids
+
+    assert cache_arg(Old()) == "past_key_values" and cache_arg(New()) == "cache"

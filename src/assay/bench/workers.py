@@ -147,19 +147,24 @@ class RecordingReward:
         return self.inner(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
 
 
-def trl_args(cfg: BenchConfig, work_dir: str):
-    """`GRPOConfig` of the bench's step shape: B completions generated and one update per step."""
+def trl_args(cfg: BenchConfig, work_dir: str, **overrides: Any):
+    """`GRPOConfig` of the bench's step shape: B completions generated and one update per step, on the CPU in fp32.
+
+    `overrides` go to the constructor (`use_cpu=False, bf16=True` for a GPU): its `__post_init__` fixes
+    the device from them, so setting them on the built config afterwards would leave the run on the CPU.
+    """
     from trl import GRPOConfig
 
-    return GRPOConfig(
-        output_dir=str(Path(work_dir) / "trl"), use_cpu=True, bf16=False, fp16=False, seed=cfg.seed, data_seed=cfg.seed,
-        per_device_train_batch_size=cfg.completions_per_step, num_generations=cfg.group_size, gradient_accumulation_steps=1,
-        num_iterations=1, steps_per_generation=1, shuffle_dataset=False, max_steps=cfg.warmup + cfg.steps,
-        max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2,
-        learning_rate=cfg.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0,
-        max_grad_norm=1.0, gradient_checkpointing=cfg.trl_gradient_checkpointing, report_to="none", save_strategy="no", eval_strategy="no", logging_strategy="no", disable_tqdm=True,
-        log_completions=False, dataloader_num_workers=0,
-    )
+    return GRPOConfig(**{
+        "output_dir": str(Path(work_dir) / "trl"), "use_cpu": True, "bf16": False, "fp16": False, "seed": cfg.seed, "data_seed": cfg.seed,
+        "per_device_train_batch_size": cfg.completions_per_step, "num_generations": cfg.group_size, "gradient_accumulation_steps": 1,
+        "num_iterations": 1, "steps_per_generation": 1, "shuffle_dataset": False, "max_steps": cfg.warmup + cfg.steps,
+        "max_completion_length": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": 1.0, "top_k": 0, "beta": 0.0, "epsilon": 0.2,
+        "learning_rate": cfg.lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "adam_beta1": 0.9, "adam_beta2": 0.99, "weight_decay": 0.0,
+        "max_grad_norm": 1.0, "gradient_checkpointing": cfg.trl_gradient_checkpointing, "report_to": "none", "save_strategy": "no",
+        "eval_strategy": "no", "logging_strategy": "no", "disable_tqdm": True, "log_completions": False, "dataloader_num_workers": 0,
+        **overrides,
+    })
 
 
 def run_trl(cfg: BenchConfig, model_dir: str, work_dir: str, threads: int) -> dict[str, Any]:

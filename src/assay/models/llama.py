@@ -176,6 +176,12 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
     mask_s = torch.cat([prompt_mask.bool()[row_prompt][:, None, :].expand(B, S, Pu),
                         torch.ones(S, S, dtype=torch.bool, device=dev).tril().expand(B, S, S)], dim=-1)[:, None]  # [B, 1, S, Pu+S]
     gqa = kv_heads != heads
+    # On CUDA, SDPA's memory-efficient kernel takes a mask but not grouped keys, and the flash
+    # kernel takes grouped keys but no mask: with both it falls back to the math kernel, which
+    # keeps every attention score for the backward. Keys and values repeated per query head
+    # (the same arithmetic) let the memory-efficient kernel run. A CPU's kernels take both.
+    per_head = (lambda t: t.repeat_interleave(heads // kv_heads, dim=1)) if gqa and dev.type == "cuda" else (lambda t: t)
+    sdpa_gqa = gqa and dev.type != "cuda"
     NP = U * Pu
 
     for layer in body.layers:
@@ -193,13 +199,13 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
         if kv_out is not None:
             kv_out[0].append(kp)
             kv_out[1].append(vp)
-        ctx_p = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask_pp, scale=scale, enable_gqa=gqa)
+        ctx_p = F.scaled_dot_product_attention(qp, per_head(kp), per_head(vp), attn_mask=mask_pp, scale=scale, enable_gqa=sdpa_gqa)
         parts = [ctx_p.transpose(1, 2).reshape(NP, heads * D)]
         if S:
             qs, ks, vs = (t[NP:].view(B, S, -1, D).transpose(1, 2) for t in (q, k, v))
             ks = torch.cat([kp[row_prompt], ks], dim=2)  # [B, Hk, Pu+S, D]: the row's prompt, then its own tokens
             vs = torch.cat([vp[row_prompt], vs], dim=2)
-            ctx_s = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask_s, scale=scale, enable_gqa=gqa)
+            ctx_s = F.scaled_dot_product_attention(qs, per_head(ks), per_head(vs), attn_mask=mask_s, scale=scale, enable_gqa=sdpa_gqa)
             parts.append(ctx_s.transpose(1, 2).reshape(B * S, heads * D))
         x = _residual(x, torch.cat(parts) if S else parts[0], a.o_proj)
         h = _norm(layer.post_attention_layernorm, dtype)(x)

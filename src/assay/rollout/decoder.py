@@ -37,13 +37,24 @@ import torch.nn.functional as F
 from assay.models.llama import _cat_bias, _norm, prompt_cache, rotary_table
 
 
+def cache_arg(model) -> str:
+    """The name a model's forward takes its KV cache by: `cache` (transformers ≥ 5.2x), else `past_key_values`.
+
+    An older model's forward takes unknown keywords into `**kwargs` and ignores them, so passing
+    the cache by the wrong name decodes every token without its context, silently.
+    """
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
     """The model's own forward over left-padded prompts: next-token logits `[U, V]` and the filled `DynamicCache`."""
     from transformers import DynamicCache
 
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_arg(model): cache})
     return out.logits[:, -1], cache
 
 
@@ -112,8 +123,10 @@ class StaticDecoder:
         U, P = ids.shape
         B, S = U * repeat, P + max_new_tokens
         ref = keys[0]
-        self.keys = ref.new_zeros((len(self.layers), B, self.kv_heads, S, self.head_dim))
-        self.values = torch.zeros_like(self.keys)
+        # one buffer per layer, not one for all: a compiled step then writes each layer's slot in place
+        # (a slice of one big buffer is a view, which torch.compile would copy whole at every step)
+        self.keys = [ref.new_zeros((B, self.kv_heads, S, self.head_dim)) for _ in self.layers]  # [B, Hk, S, D] each
+        self.values = [ref.new_zeros((B, self.kv_heads, S, self.head_dim)) for _ in self.layers]
         for i, (k, v) in enumerate(zip(keys, values)):  # each prompt's cache, copied to its G rows
             self.keys[i].view(U, repeat, self.kv_heads, S, self.head_dim)[:, :, :, :P] = k[:, None]
             self.values[i].view(U, repeat, self.kv_heads, S, self.head_dim)[:, :, :, :P] = v[:, None]
@@ -127,8 +140,8 @@ class StaticDecoder:
 
     def select(self, idx: torch.Tensor) -> None:
         """Keep only rows `idx` of the batch (finished rows leave it)."""
-        self.keys = self.keys.index_select(1, idx)
-        self.values = self.values.index_select(1, idx)
+        self.keys = [k.index_select(0, idx) for k in self.keys]
+        self.values = [v.index_select(0, idx) for v in self.values]
         self.bias = self.bias.index_select(0, idx)
 
     @torch.no_grad()
@@ -162,7 +175,7 @@ class StaticDecoder:
         body = self.model.model
         A, slot = tok.shape[0], self.slot
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
-        S, G = self.keys.shape[3], Hq // Hk
+        S, G = self.keys[0].shape[2], Hq // Hk
         linear = self.linear
         x = body.embed_tokens(tok)  # [A, H]: one row per sequence
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [A, 1, D], broadcast over heads

@@ -28,7 +28,7 @@ import torch
 from assay.devices import generator_for, release_memory
 from assay.models.llama import supported
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id, stop_ids
-from assay.rollout.decoder import StaticDecoder, hf_prefill
+from assay.rollout.decoder import StaticDecoder, cache_arg, hf_prefill
 from assay.types import Sample, Trajectory
 
 
@@ -68,6 +68,7 @@ class _HFStepper:
 
     def __init__(self, model):
         self.model = model
+        self.cache_arg = cache_arg(model)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
         logits, self.cache = hf_prefill(self.model, ids, mask)
@@ -82,7 +83,7 @@ class _HFStepper:
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
-        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos, use_cache=True, **{self.cache_arg: self.cache})
         return out.logits[:, -1]
 
 
@@ -235,6 +236,8 @@ class TorchSampler:
                 graph = self._capture(stepper, tok, next_pos)
             logits = graph.step(tok, next_pos) if graph else stepper.step(tok, next_pos)
             next_pos = next_pos + 1
+        if fast and self.compile and not stepper.compile:  # compiling failed (and warned): later calls do not try again
+            self.compile = False
         return tokens.tolist(), logprobs.tolist(), lengths.tolist()
 
 

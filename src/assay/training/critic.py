@@ -19,6 +19,7 @@ from assay.algos import aggregate, compute_gae, explained_variance, value_loss
 from assay.algos.losses import masked_mean
 from assay.config import CriticConfig
 from assay.devices import generator_for
+from assay.training.precision import MasterWeights
 
 
 def gae_targets(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
@@ -67,7 +68,9 @@ class Critic:
     def __init__(self, policy, cfg: CriticConfig, seed: int = 0):
         self.cfg = cfg
         self.model = ValueModel(policy, seed).eval()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(  # fp32 masters for a bf16 critic
+            ps, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay))
+        self.opt = self.weights.optimizer
 
     @torch.no_grad()
     def values(self, batch) -> torch.Tensor:
@@ -107,10 +110,9 @@ class Critic:
                     continue
                 loss_mat, lm = value_loss(self.model(batch.select(idx)), old_values[idx], returns[idx], m, clip=self.cfg.value_clip)
                 loss = aggregate(loss_mat, m, "token-mean")
-                self.opt.zero_grad(set_to_none=True)
+                self.weights.zero_grad()
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip).item()
-                self.opt.step()
+                grad_norm = self.weights.step(self.cfg.grad_clip)
                 for k, v in {"critic/loss": loss.item(), "critic/grad_norm": grad_norm, "critic/vf_clip_frac": lm["vf_clip_frac"]}.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()
@@ -122,6 +124,12 @@ class Critic:
         """The weights, for `critic.safetensors` in a checkpoint."""
         return {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
 
-    def load(self, tensors: dict[str, torch.Tensor], optimizer: dict) -> None:
+    def state_dict(self) -> dict:
+        """AdamW's state, and the fp32 master weights when the critic's weights are bf16."""
+        return {"optimizer": self.opt.state_dict(), "master_weights": self.weights.master_state()}
+
+    def load(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """Weights from `critic.safetensors` and `state_dict()`'s state (or, from older checkpoints, AdamW's state alone)."""
         self.model.load_state_dict(tensors)
-        self.opt.load_state_dict(optimizer)
+        self.weights.load_master(state.get("master_weights") if "optimizer" in state else None)
+        self.opt.load_state_dict(state["optimizer"] if "optimizer" in state else state)

@@ -232,7 +232,7 @@ class Values(Extra):
         return self.critic.tensors()
 
     def state_dict(self):
-        return self.critic.opt.state_dict()
+        return self.critic.state_dict()
 
     def load(self, tensors, state):
         if tensors is None or state is None:

@@ -55,6 +55,7 @@ class MasterWeights:
         if self.mixed:
             for m, p in zip(self.master, self.params):
                 m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None  # the fp32 copy is the gradient now: the bf16 one need not stay alive through the step
         norm = torch.nn.utils.clip_grad_norm_(self.master if self.mixed else self.params, max_norm)
         self.optimizer.step()
         if self.mixed:
