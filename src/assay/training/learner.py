@@ -128,7 +128,7 @@ def skips_inert_rows(algo: AlgoConfig, ref_model=None) -> bool:
 
 
 def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
-                    micro_batch_tokens: int = 0, fast: bool = True, skip_inert: bool = False) -> dict[str, float]:
+                    micro_batch_tokens: int = 0, fast: bool = True, skip_inert: bool = False, total: float | None = None) -> dict[str, float]:
     """Forward and backward over `batch` in micro-batches, accumulating gradients (the optimizer step is the caller's).
 
     The gradient equals that of one `policy_step` over the whole batch: each micro-batch's
@@ -147,6 +147,10 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
     metrics then describe the rows that were run, and `actor/skipped_frac` says what share
     of rows was left out. If every row is inert the gradients are set to zero, so the
     optimizer steps exactly as it would have.
+
+    `total` is the aggregation's denominator (tokens or sequences) over a whole batch of which
+    `batch` is a part (a rank's share, `assay.training.dist`); the loss is then this part's share
+    of the whole batch's, and the metrics describe this part. None: `batch` is the whole batch.
     """
     B = batch.mask.shape[0]
     unit = getattr(AGGREGATIONS.get(algo.aggregation), "unit", None)
@@ -155,11 +159,14 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
     if skip_inert and skips_inert_rows(algo, ref_model):
         live = ((advantages != 0) & batch.mask.bool()).any(-1)  # [B]
         rows, skipped = live.nonzero()[:, 0], int(B - live.sum())
-    if not skipped and (not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens):
+    own = float(batch.mask.sum()) if unit == "token" else float(B)
+    if total is not None and unit is None:
+        raise AssayError(f"algo.aggregation={algo.aggregation!r} declares no unit, so a part of a batch cannot take its share of the loss")
+    if not skipped and total is None and (not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens):
         loss, metrics = policy_step(model, ref_model, batch, advantages, algo, temperature, norm, fast)
         loss.backward()
         return {**metrics, "actor/skipped_frac": 0.0} if skip_inert else metrics
-    total = float(batch.mask.sum()) if unit == "token" else float(B)
+    total = own if total is None else total
     live_batch = batch.select(rows) if skipped else batch
     chunks = pack_rows(live_batch, micro_batch_tokens) if micro_batch_tokens and rows.numel() else [torch.arange(rows.numel(), device=rows.device)]
     sums: dict[str, float] = {}
