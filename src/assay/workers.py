@@ -13,9 +13,10 @@ Two ways to hand out jobs:
 
 - `map(jobs, deadlines)`: thread-safe; each job takes the next idle worker, so one-item
   calls from many threads keep every worker busy (the sandbox, SQL queries).
-- `stream(jobs, deadline)`: one caller; jobs go out in small chunks and each result streams
-  back as soon as it is ready, each job with its own deadline; when a job fails, the rest
-  of its worker's chunk is sent again elsewhere (the reward executor).
+- `stream(jobs, deadline)`: one caller; jobs go out in small chunks, the next chunk queued
+  behind the one running so a worker never waits for the pool, and results come back one by
+  one, read a few at a time (`_Pace`), each job with its own deadline; when a job fails, the
+  rest of its worker's queue is sent again elsewhere (the reward executor).
 
     >>> pool = WorkerPool("operator:neg", workers=1)
     >>> pool.map([1, 2], [5.0, 5.0])
@@ -167,11 +168,12 @@ class Worker:
             raise AssayError(f"{self.name} failed to start: {msg}")
 
     def send(self, chunk: list[tuple[int, Any]], timeout: float) -> None:
-        """Send jobs to run in order; the first one's clock starts now."""
+        """Queue jobs to run in order after those it has; when it had none, the first one's clock starts now."""
         self.conn.send(chunk)
+        if not self.items:
+            self.started = time.monotonic()
+            self.deadline = self.started + timeout
         self.items.extend(i for i, _ in chunk)
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
 
     def done(self, timeout: float) -> None:
         """The first job came back; the next one's clock starts now."""
@@ -191,6 +193,30 @@ class Worker:
             self.conn.send(None)
         self.proc.join(0.5)
         self.kill()
+
+
+class _Pace:
+    """How long `stream` may wait after the first result is ready, so that one wake-up reads several.
+
+    Reading every result the moment it is ready costs a wake-up, a poll and the loop's
+    bookkeeping per job, as much as a fast job itself; waiting a little reads a batch. The
+    wait is at most `LINGER` seconds and at most half the work every busy worker still has
+    queued (from the mean job time so far), so no worker runs dry, nor a deadline passes
+    unseen for long.
+    """
+
+    LINGER = 0.002  # seconds
+
+    def __init__(self, workers: int):
+        self.workers, self.began, self.results = workers, time.monotonic(), 0
+
+    def linger(self, busy: list["Worker"]) -> float:
+        if self.results < 2 * self.workers:  # no measure of the job time yet
+            return 0.0
+        now = time.monotonic()
+        per_job = (now - self.began) * self.workers / self.results
+        queued = min(len(w.items) for w in busy) - 1  # the first is running
+        return max(0.0, min(self.LINGER, per_job * queued / 2, min(w.deadline for w in busy) - now))
 
 
 class WorkerPool:
@@ -308,9 +334,10 @@ class WorkerPool:
         results: list[Any] = [_PENDING] * len(jobs)
         todo = collections.deque(range(len(jobs)))
         dead: set[int] = set()  # slots whose worker could not be started again in this call
+        self._pace = _Pace(len(self._workers))
         while (todo or any(w.items for w in self._workers)) and not self._closed:
-            for k in range(len(self._workers)):
-                if k not in dead and not self._workers[k].items and todo and not self._dispatch(k, jobs, todo, deadline, chunk):
+            for k in range(len(self._workers)):  # a worker with less than a chunk queued gets the next one, so it never waits
+                if k not in dead and len(self._workers[k].items) < chunk and todo and not self._dispatch(k, jobs, todo, deadline, chunk):
                     dead.add(k)
             if len(dead) == len(self._workers):  # no worker left: the rest fail alone, never the call
                 for i in todo:
@@ -321,19 +348,22 @@ class WorkerPool:
 
     def _dispatch(self, k: int, jobs: list[Any], todo: collections.deque, deadline: float, chunk: int) -> bool:
         """Send worker k a chunk: small enough to balance the pool, large enough to save round trips.
+        It goes behind the jobs the worker has, so the worker goes on without waiting for the pool.
 
         False when worker k is dead and could not be started again (the chunk stays in `todo`).
         """
-        if not self._workers[k].proc.is_alive() and not self._replace(k):  # died while idle (killed from outside)
-            return False
+        if not self._workers[k].proc.is_alive():
+            if self._workers[k].items:  # died on a job: `_collect` fails that job, puts the rest back and restarts it
+                return True
+            if not self._replace(k):  # died while idle (killed from outside)
+                return False
         size = max(1, min(chunk, len(todo) // (2 * len(self._workers))))
         idxs = [todo.popleft() for _ in range(min(size, len(todo)))]
         try:
             self._workers[k].send([(i, jobs[i]) for i in idxs], deadline)
-        except (OSError, ValueError):  # died just now: restart and send the jobs again
+        except (OSError, ValueError):  # died just now: the chunk goes back; the jobs it had fail or go back in `_collect`
             todo.extendleft(reversed(idxs))
-            self._workers[k].items.clear()
-            return self._replace(k)
+            return True if self._workers[k].items else self._replace(k)
         return True
 
     def _collect(self, results: list[Any], todo: collections.deque, deadline: float, dead: set[int]) -> None:
@@ -342,6 +372,8 @@ class WorkerPool:
             return
         try:
             ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], max(0.0, min(w.deadline for w in busy) - time.monotonic())))
+            if ready and not any(w.proc.sentinel in ready for w in busy):
+                time.sleep(self._pace.linger(busy))  # let more results gather: one wake-up reads several
         except (OSError, ValueError):  # a `close` in another thread closed a pipe since the loop's check
             if not self._closed:
                 raise
@@ -351,6 +383,7 @@ class WorkerPool:
                 while w.items and w.conn.poll():
                     idx, results[idx] = w.conn.recv()
                     w.done(deadline)
+                    self._pace.results += 1
             if not w.items:
                 continue
             now = time.monotonic()
