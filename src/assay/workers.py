@@ -13,9 +13,9 @@ Two ways to hand out jobs:
 
 - `map(jobs, deadlines)`: thread-safe; each job takes the next idle worker, so one-item
   calls from many threads keep every worker busy (the sandbox, SQL queries).
-- `stream(jobs, deadline)`: one caller; jobs go out in small chunks, the next chunk queued
-  behind the one running so a worker never waits for the pool, and results come back one by
-  one, read a few at a time (`_Pace`), each job with its own deadline; when a job fails, the
+- `stream(jobs, deadline)`: one caller; jobs go out in small chunks, the next queued behind
+  the one running so a worker never waits for the pool, results come back one by one and
+  are read a few at a time (`_Pace`), each job with its own deadline; when a job fails, the
   rest of its worker's queue is sent again elsewhere (the reward executor).
 
     >>> pool = WorkerPool("operator:neg", workers=1)
@@ -196,27 +196,48 @@ class Worker:
 
 
 class _Pace:
-    """How long `stream` may wait after the first result is ready, so that one wake-up reads several.
+    """How `stream` keeps workers busy at little cost per job, from the mean job time so far.
 
-    Reading every result the moment it is ready costs a wake-up, a poll and the loop's
-    bookkeeping per job, as much as a fast job itself; waiting a little reads a batch. The
-    wait is at most `LINGER` seconds and at most half the work every busy worker still has
-    queued (from the mean job time so far), so no worker runs dry, nor a deadline passes
-    unseen for long.
+    * Queue: a worker is sent more jobs while it has less than `QUEUE` seconds of them
+      queued behind the one it runs (one chunk at a time, as before, until jobs are timed,
+      and for jobs slower than `QUEUE`), so it never waits for the pool; a chunk of fast jobs
+      is as large as `QUEUE` seconds of them. Slow jobs are never queued deep, so the work
+      stays balanced between workers.
+    * Linger: once a result is ready, the pool waits at most `LINGER` seconds, and at most
+      half the work every busy worker has queued, before reading: one wake-up reads several
+      results (reading each the moment it is ready costs a wake-up, a poll and the loop's
+      bookkeeping per job, as much as a fast job itself), no worker runs dry, and no
+      deadline passes unseen for long.
     """
 
     LINGER = 0.002  # seconds
+    QUEUE = 0.01  # seconds of jobs queued ahead on a worker
 
     def __init__(self, workers: int):
         self.workers, self.began, self.results = workers, time.monotonic(), 0
 
+    def per_job(self) -> float | None:
+        """Mean seconds a job takes on a worker; None before each worker could have answered twice."""
+        if self.results < 2 * self.workers:
+            return None
+        return (time.monotonic() - self.began) * self.workers / self.results
+
+    def wants(self, w: "Worker") -> bool:
+        """Whether worker w gets another chunk now."""
+        per_job = self.per_job()
+        return not w.items or (per_job is not None and (len(w.items) - 1) * per_job < self.QUEUE)
+
+    def chunk(self, chunk: int) -> int:
+        """Jobs in the next chunk: `chunk`, or `QUEUE` seconds of fast jobs."""
+        per_job = self.per_job()
+        return chunk if per_job is None else max(chunk, int(self.QUEUE / max(per_job, 1e-6)))
+
     def linger(self, busy: list["Worker"]) -> float:
-        if self.results < 2 * self.workers:  # no measure of the job time yet
+        per_job = self.per_job()
+        if per_job is None:
             return 0.0
-        now = time.monotonic()
-        per_job = (now - self.began) * self.workers / self.results
         queued = min(len(w.items) for w in busy) - 1  # the first is running
-        return max(0.0, min(self.LINGER, per_job * queued / 2, min(w.deadline for w in busy) - now))
+        return max(0.0, min(self.LINGER, per_job * queued / 2, min(w.deadline for w in busy) - time.monotonic()))
 
 
 class WorkerPool:
@@ -336,8 +357,8 @@ class WorkerPool:
         dead: set[int] = set()  # slots whose worker could not be started again in this call
         self._pace = _Pace(len(self._workers))
         while (todo or any(w.items for w in self._workers)) and not self._closed:
-            for k in range(len(self._workers)):  # a worker with less than a chunk queued gets the next one, so it never waits
-                if k not in dead and len(self._workers[k].items) < chunk and todo and not self._dispatch(k, jobs, todo, deadline, chunk):
+            for k in range(len(self._workers)):
+                if k not in dead and todo and self._pace.wants(self._workers[k]) and not self._dispatch(k, jobs, todo, deadline, chunk):
                     dead.add(k)
             if len(dead) == len(self._workers):  # no worker left: the rest fail alone, never the call
                 for i in todo:
@@ -357,7 +378,7 @@ class WorkerPool:
                 return True
             if not self._replace(k):  # died while idle (killed from outside)
                 return False
-        size = max(1, min(chunk, len(todo) // (2 * len(self._workers))))
+        size = max(1, min(self._pace.chunk(chunk), len(todo) // (2 * len(self._workers))))
         idxs = [todo.popleft() for _ in range(min(size, len(todo)))]
         try:
             self._workers[k].send([(i, jobs[i]) for i in idxs], deadline)

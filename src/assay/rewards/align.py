@@ -18,6 +18,7 @@ example's `\\boxed{7}` in the prompt to a response that says nothing.
 
 from __future__ import annotations
 
+import functools
 import re
 
 #: special tokens as decoders render them: `<|im_start|>`, `<|endoftext|>`, `<|begin_of_text|>`,
@@ -48,13 +49,19 @@ def completion_after(text: str, prompt: str) -> str | None:
     start = start.end() if start else 0
     if text.startswith(prompt, start):  # the usual case, and the cheap one
         return without_trailing_special(text[start + len(prompt):])
-    end = _end_of(text, _GAP.sub("", prompt))
+    end = _end_of(text, _squeezed(prompt))
     if end is None:
         return None
     gap = _GAP.match(text, end)
     if gap and _TRAILING_GAP.search(prompt[-80:]):  # the prompt's own closing tokens (`<|end_header_id|>\n\n`) are not the completion's
         end = gap.end()
     return without_trailing_special(text[end:])
+
+
+@functools.lru_cache(maxsize=4096)
+def _squeezed(prompt: str) -> str:
+    """The prompt without whitespace and special tokens (cached: a group's samples share their prompt)."""
+    return _GAP.sub("", prompt)
 
 
 def _end_of(text: str, want: str) -> int | None:
