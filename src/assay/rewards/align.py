@@ -27,14 +27,32 @@ SPECIAL = (r"<\|[^<>|\s]{1,64}\|>|<｜[^<>｜]{1,64}｜>|</?s>|<(?:pad|unk|eos|b
            r"|\[(?:CLS|SEP|PAD|UNK|MASK)\]")
 _SPACE = r"[\s\u2581]"  # whitespace, and SentencePiece's word marker
 _GAP = re.compile(rf"(?:{SPECIAL}|{_SPACE})+")
-_TRAILING = re.compile(rf"(?:{_SPACE}*(?:{SPECIAL}))+{_SPACE}*\Z")
+_SPECIAL_AT_END = re.compile(rf"(?:{SPECIAL})\Z")
 _TRAILING_GAP = re.compile(rf"(?:{SPECIAL}|{_SPACE})\Z")
 
 
 def without_trailing_special(text: str) -> str:
-    """`text` less the special tokens at its end (and the whitespace before and among them): `4\\n</s><pad>` -> `4`."""
-    m = _TRAILING.search(text)
-    return text[: m.start()] if m else text
+    """`text` less the special tokens at its end (and the whitespace before and among them): `4\\n</s><pad>` -> `4`.
+
+    Reads only the end of `text`, one token at a time (a long completion costs nothing).
+    """
+    end, cut = len(text), False
+    while True:
+        end = _before_space(text, end)
+        m = _SPECIAL_AT_END.search(text, max(0, end - 80), end)  # a special token is at most 70 characters
+        if m is None:
+            return text[:end] if cut else text
+        token, start = m.group(), m.start()
+        while start >= len(token) and text.startswith(token, start - len(token), start):  # a run of padding, at C speed
+            start -= len(token)
+        end, cut = start, True
+
+
+def _before_space(text: str, end: int) -> int:
+    """The index just after the last character before `end` that is not whitespace."""
+    while end and (text[end - 1].isspace() or text[end - 1] == "\u2581"):
+        end -= 1
+    return end
 
 
 def completion_after(text: str, prompt: str) -> str | None:
