@@ -5,7 +5,8 @@
 `POST /echo` answers `{"body": body}`; `POST /wait` answers `{"waited": true}` once FILE
 exists (a request held in flight for as long as the test wants), or never; `POST /bug`
 raises (a 500); `GET /stats` (a plain method: the server runs it on a thread) answers
-`{"waiting": /wait requests in flight, "thread": its thread's name}`. The first line on
+`{"waiting": /wait and /hold requests seen, "thread": its thread's name}`; `GET /hold` blocks
+its thread until FILE exists, then answers `{"held": true}`. The first line on
 stdout is `serving on http://HOST:PORT`.
 """
 
@@ -15,12 +16,13 @@ import argparse
 import asyncio
 import os
 import threading
+import time
 
 from assay.jsonhttp import serve_until_signal
 
 
 class Service:
-    routes = {"/echo": "POST", "/wait": "POST", "/bug": "POST", "/stats": "GET"}
+    routes = {"/echo": "POST", "/wait": "POST", "/bug": "POST", "/stats": "GET", "/hold": "GET"}
 
     def __init__(self, release: str) -> None:
         self.release, self.waiting = release, 0
@@ -39,6 +41,11 @@ class Service:
         return {"body": body}
 
     def get(self, path: str):
+        if path == "/hold":  # /wait on a thread: a blocking call the server cannot interrupt
+            self.waiting += 1
+            while not os.path.exists(self.release):
+                time.sleep(0.01)
+            return {"held": True}
         return {"waiting": self.waiting, "thread": threading.current_thread().name}
 
 

@@ -206,11 +206,12 @@ def test_sigterm_drains_what_is_in_flight_and_refuses_the_rest(tmp_path):
         s.stop()
 
 
-@pytest.mark.parametrize("second_signal", [False, True])
-def test_the_grace_period_ends_the_drain_with_a_503(tmp_path, second_signal):
+@pytest.mark.parametrize("second_signal, method, path", [(False, "POST", "/wait"), (True, "POST", "/wait"), (False, "GET", "/hold")])
+def test_the_grace_period_ends_the_drain_with_a_503(tmp_path, second_signal, method, path):
+    """An unfinished request, on the event loop or blocking a thread, is answered 503 when the grace period ends."""
     s = Server(tmp_path, "--grace", "60" if second_signal else "1")
     try:
-        t, out = _in_thread(s.request, "POST", "/wait", {})
+        t, out = _in_thread(s.request, method, path, {} if method == "POST" else None)
         s.wait_until(lambda: s.stats()["waiting"] == 1)
         s.proc.send_signal(signal.SIGTERM)
         if second_signal:  # a second signal ends a 60 s grace period at once
