@@ -3,7 +3,8 @@
 For tests and CPU work where vLLM is not installed: the judge rewards
 (`assay.rewards.judge`) and `rollout.backend=openai` talk to it as to any
 OpenAI-compatible server. Generation runs through `transformers`' `generate`, one request
-at a time (a lock), on the device given (CPU by default).
+at a time (a lock), on the device given (CPU by default); `post` blocks, so the server
+(`assay.jsonhttp`) runs each call on a thread of its own, off its event loop.
 
 * `GET /v1/models` -> `{"object": "list", "data": [{"id": NAME, "object": "model", ...}]}`
 * `POST /v1/completions` with `prompt` (a string, or a list of token ids), `max_tokens`,
