@@ -130,6 +130,16 @@ def test_serve_model_routes(model_server):
         assert status == code and words in body["error"]["message"], body
 
 
+def test_serve_model_wrong_method_and_path_are_openai_shaped_errors(model_server):
+    for method, path, code in [("GET", "/v1/completions", 405), ("PUT", "/v1/chat/completions", 405), ("POST", "/v1/models", 405),
+                               ("GET", "/v2/models", 404)]:
+        req = urllib.request.Request(model_server.url + path, data=b"{}" if method != "GET" else None, method=method)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        error = json.loads(e.value.read())["error"]
+        assert e.value.code == code and error["code"] == code and error["type"] == "invalid_request_error" and "\n" not in error["message"]
+
+
 def test_chat_without_a_template_is_a_clear_400():
     from assay.rollout.serve_model import BadRequest, ModelService
 

@@ -77,20 +77,21 @@ def hang_server():
 
 
 def test_openrlhf_completion_is_query_after_prompt():
-    rows, _ = openrlhf_rows({"query": ["Q: 1+1?\nA: 2", "other"], "prompts": ["Q: 1+1?\n", "Q"], "labels": ["2", "3"]})
-    assert [r["completion"] for r in rows] == ["A: 2", "other"]  # a query not starting with its prompt is kept whole
-    assert [r["prompt"] for r in rows] == ["Q: 1+1?\n", "Q"]
-    assert [r["answer"] for r in rows] == ["2", "3"]
-    assert openrlhf_rows({"query": ["x"]})[0][0] == {"prompt": "", "completion": "x", "answer": None}
+    req = openrlhf_rows({"query": ["Q: 1+1?\nA: 2", "other"], "prompts": ["Q: 1+1?\n", "Q"], "labels": ["2", 3]})
+    assert [r["completion"] for r in req.rows] == ["A: 2", "other"]
+    assert req.unscored == {1: "prompt_not_in_query"}  # a query not starting with its prompt is not scored, never scored whole
+    assert [r["prompt"] for r in req.rows] == ["Q: 1+1?\n", "Q"]
+    assert [r["answer"] for r in req.rows] == ["2", "3"]  # a number label is its decimal text
+    assert openrlhf_rows({"query": ["x"]}).rows == [{"prompt": "", "completion": "x", "answer": None}]
     with pytest.raises(BadRequest, match="'labels' has 1 items but 'query' has 2"):
         openrlhf_rows({"query": ["a", "b"], "labels": ["1"]})
 
 
 def test_verl_items_single_and_batch():
-    rows, single = verl_rows({"data_source": "gsm8k", "solution_str": "4", "ground_truth": "4", "extra_info": {"question": "2+2?", "tests": [1]}})
-    assert single and rows == [{"tests": [1], "question": "2+2?", "prompt": "2+2?", "completion": "4", "answer": "4", "data_source": "gsm8k"}]
-    rows, single = verl_rows([{"solution_str": "a"}, {"solution_str": "b", "ground_truth": "b"}])
-    assert not single and [r["completion"] for r in rows] == ["a", "b"]
+    req = verl_rows({"data_source": "gsm8k", "solution_str": "4", "ground_truth": "4", "extra_info": {"question": "2+2?", "tests": [1]}})
+    assert req.single and req.rows == [{"tests": [1], "question": "2+2?", "prompt": "2+2?", "completion": "4", "answer": "4", "data_source": "gsm8k"}]
+    req = verl_rows([{"solution_str": "a"}, {"solution_str": "b", "ground_truth": "b"}])
+    assert not req.single and [r["completion"] for r in req.rows] == ["a", "b"]
     with pytest.raises(BadRequest, match="solution_str"):
         verl_rows({"data_source": "x"})
 
@@ -137,13 +138,13 @@ def test_bad_requests_are_one_line(math_server):
     status, body = math_server.post("/score", None, raw=b"{not json")
     assert status == 400 and body["error"].startswith("bad JSON:") and "\n" not in body["error"]
     status, body = math_server.post("/get_reward", {"query": "not a list"})
-    assert status == 400 and body["error"] == "'query' must be a list, got str"
+    assert status == 400 and body["error"] == "'query' must be a list, got string"
     status, body = math_server.post("/score", {"rows": [{"prompt": "x"}]})
     assert status == 400 and "row 0" in body["error"]
     status, body = math_server.post("/score", {"rows": [{"completion": "x", "group": "not a number"}]})
     assert status == 400 and body["error"].startswith("row 0: invalid literal for int()")
     status, body = math_server.post("/nowhere", {})
-    assert status == 404
+    assert status == 404 and "POST /get_reward" in body["error"]
     status, body = math_server.post("/get_reward", {"query": ["x"] * 9})
     assert status == 413 and body["error"] == "batch of 9 items is over --max-batch 8"
     assert math_server.get("/health")[0] == 200  # and the server goes on
@@ -191,7 +192,7 @@ def test_a_signal_stops_promptly(sig):
 
 
 def test_a_signal_stops_the_server_while_a_worker_hangs():
-    server = Server("--reward", "_reward_helpers:Misbehave", "--workers", "1", "--timeout", "60")
+    server = Server("--reward", "_reward_helpers:Misbehave", "--workers", "1", "--timeout", "60", "--grace", "1")
     replies = []
 
     def call():
@@ -203,28 +204,43 @@ def test_a_signal_stops_the_server_while_a_worker_hangs():
     t = threading.Thread(target=call, daemon=True)
     t.start()
     time.sleep(1.5)  # the item is on a worker now, 58 s from its deadline
-    assert server.stop(within=10) == 0  # long before the hanging item's 60 s deadline
+    assert server.stop(within=15) == 0  # after the 1 s grace period, long before the hanging item's 60 s deadline
     t.join(10)
     assert len(replies) == 1  # the abandoned batch is refused (503) or its connection closed, never scored
     assert isinstance(replies[0], (OSError, http.client.HTTPException)) or replies[0][0] == 503, replies
 
 
-def test_the_rm_reward_is_served(tmp_path, tiny_model_dir):
-    """A real (randomly headed) reward model: the server's scores are its scores of prompt + completion."""
+def test_the_rm_reward_is_served_and_batches_on_the_model(tmp_path, tiny_model_dir):
+    """A real (randomly headed) reward model: the server's scores are its scores of prompt + completion, and
+    three requests that arrive together are scored in two forwards' batches (half the items, then the rest)."""
     from assay.rm.model import Encoder, build_rm, save_rm, score_texts
 
     model, tok = build_rm(str(tiny_model_dir), seed=3)
     save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
-    items = [("1+2=", "3"), ("10+20=", "30 and more"), ("7+7=", "14")]
+    items = [("1+2=", "3"), ("10+20=", "30 and more"), ("7+7=", "14"), ("2+2=", "4"), ("5+6=", "11"), ("9+1=", "10 or 11")]
     expected = score_texts(model, Encoder(tok, 64), items)
-    assert len({round(x, 4) for x in expected}) == 3  # three different numbers, so the order is checked too
-    server = Server("--reward", f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}", "--workers", "0")
+    assert len({round(x, 4) for x in expected}) == 6  # six different numbers, so the order is checked too
+    server = Server("--reward", f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}", "--workers", "0", "--batch-window", "30", "--batch-items", "6")
     try:
-        status, body = server.post("/get_reward", {"query": [p + c for p, c in items], "prompts": [p for p, _ in items]})
-        assert status == 200 and body["unscored"] == []
-        assert body["rewards"] == pytest.approx(expected, abs=1e-5)
-        status, body = server.post("/compute_score", {"solution_str": "3", "extra_info": {"prompt": "1+2="}})
-        assert body["score"] == pytest.approx(expected[0], abs=1e-5)
+        barrier, replies = threading.Barrier(3, timeout=60), {}
+
+        def openrlhf(k):
+            barrier.wait()
+            pairs = items[2 * k: 2 * k + 2]
+            replies[k] = server.post("/get_reward", {"query": [p + c for p, c in pairs], "prompts": [p for p, _ in pairs]})[1]["rewards"]
+
+        def verl():
+            barrier.wait()
+            body = server.post("/compute_score", [{"solution_str": c, "extra_info": {"prompt": p}} for p, c in items[4:]])[1]
+            replies[2] = [b["score"] for b in body]
+
+        threads = [threading.Thread(target=openrlhf, args=(k,)) for k in range(2)] + [threading.Thread(target=verl)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [x for k in range(3) for x in replies[k]] == pytest.approx(expected, abs=1e-5)
+        assert server.get("/health")[1]["batches"] == 2
     finally:
         assert server.stop() == 0
 
@@ -296,12 +312,15 @@ def test_the_workers_are_up_before_the_server_says_it_is_serving():
 
 
 def test_a_stopped_service_refuses_batches_and_starts_no_workers():
+    import asyncio
+
     from assay.rewards.serve import RewardService
 
     service = RewardService("math", workers=1)
     service.executor.start()
-    assert service.post("/score", {"rows": [{"completion": r"\boxed{2}", "answer": "2"}]})["results"][0]["score"] == 1.0
+    row = {"rows": [{"completion": r"\boxed{2}", "answer": "2"}]}
+    assert asyncio.run(service.post("/score", row))["results"][0]["score"] == 1.0
     service.stop()
     with pytest.raises(BadRequest, match="stopping") as e:
-        service.post("/score", {"rows": [{"completion": r"\boxed{2}", "answer": "2"}]})
+        asyncio.run(service.post("/score", row))
     assert e.value.status == 503 and service.executor._pool is None

@@ -133,14 +133,23 @@ def cmd_reward_list(args: argparse.Namespace) -> int:
 def cmd_serve_rewards(args: argparse.Namespace) -> int:
     from assay.rewards.serve import serve
 
-    return serve(args.reward, host=args.host, port=args.port, workers=args.workers, timeout=args.timeout, max_batch=args.max_batch)
+    return serve(args.reward, host=args.host, port=args.port, workers=args.workers, timeout=args.timeout, max_batch=args.max_batch,
+                 batch_window=args.batch_window, batch_items=args.batch_items, max_concurrency=args.max_concurrency, grace=args.grace)
 
 
 def cmd_serve_model(args: argparse.Namespace) -> int:
     from assay.rollout.serve_model import serve_model
 
     return serve_model(args.path, host=args.host, port=args.port, name=args.name, max_new_tokens=args.max_new_tokens,
-                       device=args.device, chat_template=args.chat_template)
+                       device=args.device, chat_template=args.chat_template, max_concurrency=args.max_concurrency, grace=args.grace)
+
+
+def _server_options(p: argparse.ArgumentParser, concurrency: int) -> None:
+    """The options both servers share: how many requests at once, how long a drain may take."""
+    p.add_argument("--max-concurrency", type=int, default=concurrency,
+                   help=f"most requests handled at once; more are answered 503 with Retry-After (default {concurrency})")
+    p.add_argument("--grace", type=float, default=20.0,
+                   help="seconds SIGTERM/SIGINT lets requests in flight finish before the server exits (default 20)")
 
 
 def _serve_parser(sub) -> None:
@@ -154,6 +163,10 @@ def _serve_parser(sub) -> None:
     r.add_argument("--workers", type=int, default=2, help="reward worker processes (0: in the server process; default 2)")
     r.add_argument("--timeout", type=float, default=5.0, help="seconds per item before it is unscored (default 5)")
     r.add_argument("--max-batch", type=int, default=4096, help="most items in one request (default 4096)")
+    r.add_argument("--batch-window", type=float, default=0.005,
+                   help="seconds a batch waits for more requests after its first one arrived (default 0.005)")
+    r.add_argument("--batch-items", type=int, default=1024, help="most items scored in one batch of the workers (default 1024)")
+    _server_options(r, 2048)
     r.set_defaults(fn=cmd_serve_rewards)
     m = ssub.add_parser("model", help="a Hugging Face causal LM as an OpenAI-compatible server: /v1/models, /v1/completions, /v1/chat/completions")
     m.add_argument("path", help="a bundled model name (tiny-arith) or a Hugging Face causal LM folder")
@@ -163,6 +176,7 @@ def _serve_parser(sub) -> None:
     m.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per completion; larger max_tokens are cut to it (default 256)")
     m.add_argument("--chat-template", default=None, metavar="FILE", help="a Jinja chat template that replaces the tokenizer's")
     m.add_argument("--device", default="cpu")
+    _server_options(m, 256)
     m.set_defaults(fn=cmd_serve_model)
 
 

@@ -13,9 +13,10 @@ Two ways to hand out jobs:
 
 - `map(jobs, deadlines)`: thread-safe; each job takes the next idle worker, so one-item
   calls from many threads keep every worker busy (the sandbox, SQL queries).
-- `stream(jobs, deadline)`: one caller; jobs go out in small chunks and each result streams
-  back as soon as it is ready, each job with its own deadline; when a job fails, the rest
-  of its worker's chunk is sent again elsewhere (the reward executor).
+- `stream(jobs, deadline)`: one caller; jobs go out in small chunks, the next queued behind
+  the one running so a worker never waits for the pool, results come back one by one and
+  are read a few at a time (`_Pace`), each job with its own deadline; when a job fails, the
+  rest of its worker's queue is sent again elsewhere (the reward executor).
 
     >>> pool = WorkerPool("operator:neg", workers=1)
     >>> pool.map([1, 2], [5.0, 5.0])
@@ -167,11 +168,12 @@ class Worker:
             raise AssayError(f"{self.name} failed to start: {msg}")
 
     def send(self, chunk: list[tuple[int, Any]], timeout: float) -> None:
-        """Send jobs to run in order; the first one's clock starts now."""
+        """Queue jobs to run in order after those it has; when it had none, the first one's clock starts now."""
         self.conn.send(chunk)
+        if not self.items:
+            self.started = time.monotonic()
+            self.deadline = self.started + timeout
         self.items.extend(i for i, _ in chunk)
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout
 
     def done(self, timeout: float) -> None:
         """The first job came back; the next one's clock starts now."""
@@ -191,6 +193,51 @@ class Worker:
             self.conn.send(None)
         self.proc.join(0.5)
         self.kill()
+
+
+class _Pace:
+    """How `stream` keeps workers busy at little cost per job, from the mean job time so far.
+
+    * Queue: a worker is sent more jobs while it has less than `QUEUE` seconds of them
+      queued behind the one it runs (one chunk at a time, as before, until jobs are timed,
+      and for jobs slower than `QUEUE`), so it never waits for the pool; a chunk of fast jobs
+      is as large as `QUEUE` seconds of them. Slow jobs are never queued deep, so the work
+      stays balanced between workers.
+    * Linger: once a result is ready, the pool waits at most `LINGER` seconds, and at most
+      half the work every busy worker has queued, before reading: one wake-up reads several
+      results (reading each the moment it is ready costs a wake-up, a poll and the loop's
+      bookkeeping per job, as much as a fast job itself), no worker runs dry, and no
+      deadline passes unseen for long.
+    """
+
+    LINGER = 0.002  # seconds
+    QUEUE = 0.01  # seconds of jobs queued ahead on a worker
+
+    def __init__(self, workers: int):
+        self.workers, self.began, self.results = workers, time.monotonic(), 0
+
+    def per_job(self) -> float | None:
+        """Mean seconds a job takes on a worker; None before each worker could have answered twice."""
+        if self.results < 2 * self.workers:
+            return None
+        return (time.monotonic() - self.began) * self.workers / self.results
+
+    def wants(self, w: "Worker") -> bool:
+        """Whether worker w gets another chunk now."""
+        per_job = self.per_job()
+        return not w.items or (per_job is not None and (len(w.items) - 1) * per_job < self.QUEUE)
+
+    def chunk(self, chunk: int) -> int:
+        """Jobs in the next chunk: `chunk`, or `QUEUE` seconds of fast jobs."""
+        per_job = self.per_job()
+        return chunk if per_job is None else max(chunk, int(self.QUEUE / max(per_job, 1e-6)))
+
+    def linger(self, busy: list["Worker"]) -> float:
+        per_job = self.per_job()
+        if per_job is None:
+            return 0.0
+        queued = min(len(w.items) for w in busy) - 1  # the first is running
+        return max(0.0, min(self.LINGER, per_job * queued / 2, min(w.deadline for w in busy) - time.monotonic()))
 
 
 class WorkerPool:
@@ -308,9 +355,10 @@ class WorkerPool:
         results: list[Any] = [_PENDING] * len(jobs)
         todo = collections.deque(range(len(jobs)))
         dead: set[int] = set()  # slots whose worker could not be started again in this call
+        self._pace = _Pace(len(self._workers))
         while (todo or any(w.items for w in self._workers)) and not self._closed:
             for k in range(len(self._workers)):
-                if k not in dead and not self._workers[k].items and todo and not self._dispatch(k, jobs, todo, deadline, chunk):
+                if k not in dead and todo and self._pace.wants(self._workers[k]) and not self._dispatch(k, jobs, todo, deadline, chunk):
                     dead.add(k)
             if len(dead) == len(self._workers):  # no worker left: the rest fail alone, never the call
                 for i in todo:
@@ -321,19 +369,22 @@ class WorkerPool:
 
     def _dispatch(self, k: int, jobs: list[Any], todo: collections.deque, deadline: float, chunk: int) -> bool:
         """Send worker k a chunk: small enough to balance the pool, large enough to save round trips.
+        It goes behind the jobs the worker has, so the worker goes on without waiting for the pool.
 
         False when worker k is dead and could not be started again (the chunk stays in `todo`).
         """
-        if not self._workers[k].proc.is_alive() and not self._replace(k):  # died while idle (killed from outside)
-            return False
-        size = max(1, min(chunk, len(todo) // (2 * len(self._workers))))
+        if not self._workers[k].proc.is_alive():
+            if self._workers[k].items:  # died on a job: `_collect` fails that job, puts the rest back and restarts it
+                return True
+            if not self._replace(k):  # died while idle (killed from outside)
+                return False
+        size = max(1, min(self._pace.chunk(chunk), len(todo) // (2 * len(self._workers))))
         idxs = [todo.popleft() for _ in range(min(size, len(todo)))]
         try:
             self._workers[k].send([(i, jobs[i]) for i in idxs], deadline)
-        except (OSError, ValueError):  # died just now: restart and send the jobs again
+        except (OSError, ValueError):  # died just now: the chunk goes back; the jobs it had fail or go back in `_collect`
             todo.extendleft(reversed(idxs))
-            self._workers[k].items.clear()
-            return self._replace(k)
+            return True if self._workers[k].items else self._replace(k)
         return True
 
     def _collect(self, results: list[Any], todo: collections.deque, deadline: float, dead: set[int]) -> None:
@@ -342,6 +393,8 @@ class WorkerPool:
             return
         try:
             ready = set(wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], max(0.0, min(w.deadline for w in busy) - time.monotonic())))
+            if ready and not any(w.proc.sentinel in ready for w in busy):
+                time.sleep(self._pace.linger(busy))  # let more results gather: one wake-up reads several
         except (OSError, ValueError):  # a `close` in another thread closed a pipe since the loop's check
             if not self._closed:
                 raise
@@ -351,6 +404,7 @@ class WorkerPool:
                 while w.items and w.conn.poll():
                     idx, results[idx] = w.conn.recv()
                     w.done(deadline)
+                    self._pace.results += 1
             if not w.items:
                 continue
             now = time.monotonic()

@@ -3,7 +3,8 @@
 For tests and CPU work where vLLM is not installed: the judge rewards
 (`assay.rewards.judge`) and `rollout.backend=openai` talk to it as to any
 OpenAI-compatible server. Generation runs through `transformers`' `generate`, one request
-at a time (a lock), on the device given (CPU by default).
+at a time (a lock), on the device given (CPU by default); `post` blocks, so the server
+(`assay.jsonhttp`) runs each call on a thread of its own, off its event loop.
 
 * `GET /v1/models` -> `{"object": "list", "data": [{"id": NAME, "object": "model", ...}]}`
 * `POST /v1/completions` with `prompt` (a string, or a list of token ids), `max_tokens`,
@@ -30,7 +31,7 @@ import uuid
 from typing import Any, Callable
 
 from assay.errors import AssayError
-from assay.jsonhttp import BadRequest, serve_until_signal
+from assay.jsonhttp import BadRequest, need_uvicorn, serve_until_signal
 
 MAX_BODY = 8 * 2**20  # bytes: a larger request body is refused (413)
 MAX_N = 64  # most completions in one request
@@ -89,12 +90,12 @@ class ModelService:
 
     # ---------------------------------------------------------------- routes
 
-    def get(self, path: str) -> dict[str, Any]:
+    routes = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST", "/health": "GET"}
+
+    async def get(self, path: str) -> dict[str, Any]:
         if path == "/v1/models":
             return {"object": "list", "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "assay"}]}
-        if path == "/health":
-            return {"status": "ok", "model": self.name, "requests": self.requests}
-        raise BadRequest(f"no such endpoint {path}; GET /v1/models or /health", 404)
+        return {"status": "ok", "model": self.name, "requests": self.requests}
 
     @staticmethod
     def error_body(status: int, message: str) -> dict[str, Any]:
@@ -102,8 +103,7 @@ class ModelService:
         return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": status}}
 
     def post(self, path: str, body: Any) -> dict[str, Any]:
-        if path not in ("/v1/completions", "/v1/chat/completions"):
-            raise BadRequest(f"no such endpoint {path}; POST /v1/completions or /v1/chat/completions", 404)
+        """The reply to a POST of `body` to `path` (a route); blocking: the server runs it on a thread."""
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         model = body.get("model")
@@ -196,11 +196,14 @@ class ModelService:
 
 
 def serve_model(path: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, max_new_tokens: int = 256,
-                device: str = "cpu", chat_template: str | None = None, ready: Callable[[str], None] | None = None) -> int:
-    """Serve the model at `path` until SIGINT or SIGTERM; returns 0 after a clean stop.
+                device: str = "cpu", chat_template: str | None = None, ready: Callable[[str], None] | None = None, *,
+                max_concurrency: int = 256, grace: float = 20.0) -> int:
+    """Serve the model at `path` until SIGINT or SIGTERM, drain, return 0 (see `assay.jsonhttp` for the drain).
 
     Prints `assay: serving model NAME on http://HOST:PORT` (the bound port, so `--port 0`
     works) to stdout once the server accepts connections.
     """
+    need_uvicorn("serve model")
     service = ModelService(path, name=name, max_new_tokens=max_new_tokens, device=device, chat_template=chat_template)
-    return serve_until_signal(service, host, port, MAX_BODY, f"assay: serving model {service.name}", "serve model", ready)
+    return serve_until_signal(service, host, port, MAX_BODY, f"assay: serving model {service.name}", "serve model", ready,
+                              max_concurrency=max_concurrency, grace=grace)
