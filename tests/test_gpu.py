@@ -271,6 +271,21 @@ def test_process_reward_labels_training_and_scoring(tmp_path):
     assert result.score is not None and result.steps
 
 
+# ---------------------------------------------------------------- serving a model
+
+
+def test_serve_model_answers_completions_from_the_device():
+    from assay.rollout.serve_model import ModelService
+
+    service = ModelService("tiny-arith", device=DEVICE)
+    assert next(service.model.parameters()).device.type == torch.device(DEVICE).type
+    greedy = service.post("/v1/completions", {"model": "tiny-arith", "prompt": "12+34=", "max_tokens": 6, "temperature": 0})
+    sampled = service.post("/v1/completions", {"model": "tiny-arith", "prompt": "12+34=", "max_tokens": 6, "n": 3, "seed": 1})
+    again = service.post("/v1/completions", {"model": "tiny-arith", "prompt": "12+34=", "max_tokens": 6, "n": 3, "seed": 1})
+    assert greedy["choices"][0]["text"] and len(sampled["choices"]) == 3
+    assert [c["text"] for c in sampled["choices"]] == [c["text"] for c in again["choices"]]  # a seed reproduces on the device
+
+
 # ---------------------------------------------------------------- pre-training
 
 
