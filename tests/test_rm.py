@@ -193,9 +193,8 @@ def test_save_reload_gives_the_same_scores(tmp_path, tiny_model_dir):
     again, tok2, meta = load_rm(tmp_path / "rm")
     assert score_texts(again, Encoder(tok2, meta["max_length"]), items) == before
     plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")  # as any other tool loads it
-    ids = tok2("1+2=3", return_tensors="pt")["input_ids"]
-    ids = torch.cat([ids, torch.tensor([[tok2.eos_token_id]])], 1)
-    assert plain(input_ids=ids).logits[0, 0].item() == pytest.approx(before[0], abs=1e-5)
+    ids = tok2("1+2=3", return_tensors="pt")["input_ids"]  # the saved tokenizer appends the EOS training appended
+    assert ids[0, -1].item() == tok2.eos_token_id and plain(input_ids=ids).logits[0, 0].item() == pytest.approx(before[0], abs=1e-5)
     # the same head for the same seed, another for another
     assert torch.equal(build_rm(str(tiny_model_dir), seed=3)[0].score.weight, model.score.weight)
     assert not torch.equal(build_rm(str(tiny_model_dir), seed=4)[0].score.weight, model.score.weight)
@@ -321,7 +320,7 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     assert all(in_heldout(r["prompt"], 0.2) for r in held)
 
     p = assay("rm", "train", f"model={tiny_model_dir}", f"data.path={train_file}", f"data.eval_path={held_file}", f"output_dir={tmp_path}",
-              "run_name=cli", "train.steps=4", "train.batch_size=8", "train.threads=1", "--no-progress")
+              "run_name=cli", "train.steps=4", "train.batch_size=8", "train.threads=1", "data.max_length=32", "--no-progress")
     assert p.returncode == 0, p.stderr
     assert "eval/pair_accuracy/longer" in p.stderr and (tmp_path / "cli" / "final" / "model.safetensors").is_file()
     p = assay("rm", "train", "--resume", str(tmp_path / "cli"), "train.steps=5", "--no-progress")  # one more step
@@ -334,6 +333,7 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     last = read_metrics(tmp_path / "cli" / "metrics.jsonl")[-1]
     assert out["pair_accuracy"] == last["eval/pair_accuracy"]  # the saved model scores as the trained one did
     assert sum(b["pairs"] for b in out["calibration"]) == 60 and out["calibration_ece"] == pytest.approx(last["eval/calibration_ece"])
+    plain_transformers_score_as_assay(tmp_path / "cli" / "final", held, out["pair_accuracy"])
     p = assay("rm", "eval", "--path", str(tmp_path / "cli"), "--data", str(held_file), "--plot", str(tmp_path / "cal.png"))
     assert p.returncode == 0 and (tmp_path / "cal.png").read_bytes()[:4] == b"\x89PNG" and "calibration_ece" in p.stdout
     rb2 = write_jsonl(tmp_path / "rb2.jsonl", [{"id": str(i), "prompt": "3+4=", "chosen": ["7"], "rejected": ["8", "17", "6"], "subset": "Math"}
@@ -350,6 +350,33 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
     assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 and r["reward/none"] == 0 for r in rl)
     assert all("reward/verifier_disagreement" in r and 0.0 <= r["reward/verifier/mean"] <= 1.0 for r in rl)
+
+
+def plain_transformers_score_as_assay(final, rows, pair_accuracy):
+    """The obvious call on a saved reward model — `AutoTokenizer` + `AutoModelForSequenceClassification` on
+    `tok(prompt + response)`, and `pipeline("text-classification")` — gives the `rm` reward's scores and
+    `assay rm eval`'s pairwise accuracy on the same text."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    from assay.rewards.spec import build_reward
+    from assay.types import Sample, Trajectory
+
+    tok = AutoTokenizer.from_pretrained(final)
+    model = AutoModelForSequenceClassification.from_pretrained(final).eval()
+    texts = [(r["prompt"], r[side]) for r in rows for side in ("chosen", "rejected")]
+    with torch.no_grad():
+        plain = [model(**tok(p + c, return_tensors="pt")).logits[0, 0].item() for p, c in texts]
+    piped = [x["score"] for x in pipeline("text-classification", model=str(final))([p + c for p, c in texts])]
+    reward = build_reward({"name": "rm", "args": {"path": str(final)}})
+    ours = [r.score for r in reward([Trajectory(Sample(str(i), p, None), c, [], [], [], True) for i, (p, c) in enumerate(texts)])]
+    assert plain == pytest.approx(ours, abs=1e-5) and piped == pytest.approx(ours, abs=1e-5)
+    assert sum(a > b for a, b in zip(plain[::2], plain[1::2])) / len(rows) == pair_accuracy
+    # and a text longer than max_length, cut from the left under truncation=True as assay cuts it
+    long_prompt = "1+" * 40 + "1="
+    cut = tok(long_prompt + "41", truncation=True)["input_ids"]
+    assert len(cut) == json.loads((final / "assay_rm.json").read_text())["max_length"] and cut[-1] == tok.eos_token_id
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([cut])).logits[0, 0].item() == pytest.approx(reward([Trajectory(Sample("l", long_prompt, None), "41", [], [], [], True)])[0].score, abs=1e-5)
 
 
 def test_docstring_examples():
