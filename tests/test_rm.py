@@ -350,6 +350,14 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
     assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 and r["reward/none"] == 0 for r in rl)
     assert all("reward/verifier_disagreement" in r and 0.0 <= r["reward/verifier/mean"] <= 1.0 for r in rl)
+    # a reward model's score is no verdict: no sampled "accuracy" of it; held-out accuracy is the task's verifier's, the rm's mean beside it
+    rows = read_metrics(tmp_path / "rl" / "metrics.jsonl")
+    evals = [r for r in rows if "eval/mean_length" in r]
+    assert not any("train/accuracy" in r for r in rows) and evals and all("eval/accuracy" in r and "eval/mean_reward" in r for r in evals)
+    assert "held-out accuracy at end: " in p.stderr and "held-out mean reward at end: " in p.stderr
+    verified = json.loads(assay("eval", "--model", str(tmp_path / "rl" / "final"), "--n", "4", "--k", "0", "--max-new-tokens", "4",
+                                "--workers", "0", "--json").stdout)
+    assert evals[-1]["eval/accuracy"] == verified["accuracy"]
 
 
 def plain_transformers_score_as_assay(final, rows, pair_accuracy):

@@ -37,6 +37,8 @@ class _ModelReward(Reward):
     """What `rm` and `prm` share: a model folder checked at construction, a whole batch scored in
     forwards (the subclass's `_score(batch)`), and one bad item failing alone, never the batch."""
 
+    verdict = False  # a learned score, not right/wrong
+
     def __init__(self, path: str, batch_size: int, trained_by: str):
         p = Path(path)
         if not ((p / "config.json").is_file() or (p / "final" / "config.json").is_file()):
