@@ -50,3 +50,54 @@ def test_eval_json_on_bundled_model():
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["n"] == 20 and 0.0 <= out["accuracy"] <= 1.0 and 0.0 <= out["pass@2"] <= 1.0 and out["mean_length"] > 0
+
+
+# ---------------------------------------------------------------- data settings that would be silently ignored
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("train", "data.path=d.jsonl", "data.task=countdown"), "invalid config value data.task='countdown': data.path='d.jsonl' is the training data"),
+    (("train", "data.path=d.jsonl", "data.task_args={terms: 3}"), "task arguments apply to a built-in task"),
+    (("train", "data.format=gsm8k"), "invalid config value data.format='gsm8k': it applies to a data file"),
+    (("train", "data.eval_path=held.jsonl"), "invalid config value data.eval_path='held.jsonl'"),
+    (("eval", "--format", "gsm8k"), "--format applies to a data file, and --data is not given"),
+    (("eval", "--task", "countdown", "--fields", "{answer: a}"), "--fields applies to a data file"),
+])
+def test_data_settings_that_would_be_ignored_are_one_line(args, needle):
+    one_line_error(assay(*args), needle)
+
+
+def test_a_field_mapped_to_a_missing_column_is_one_line(tmp_path, tiny_model_dir):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10)))
+    base = ["train", f"model.path={tiny_model_dir}", f"data.path={data}", "reward=arithmetic", f"output_dir={tmp_path}"]
+    one_line_error(assay(*base, "data.fields={prompt: question, answer: solution}"), "d.jsonl: row 1 has no answer column 'solution'")
+    one_line_error(assay(*base, "data.fields={prompt: question, answr: answer}"), "unknown field mapping key 'answr'; allowed: prompt, answer, id")
+    one_line_error(assay("eval", "--data", str(data), "--fields", "{prompt: question, answer: sol}", "--reward", "arithmetic"),
+                   "row 1 has no answer column 'sol'")
+
+
+def test_a_data_file_names_the_run_and_nested_columns_are_read(tmp_path, tiny_model_dir):
+    """verl's parquet layout (the reference in `reward_model.ground_truth`), with data.task left at its default: the
+    run trains on the file and says so (folder, summary, report), never "task: arithmetic"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from assay.config import DataConfig
+    from assay.data.datasets import build_source
+
+    rows = [{"data_source": "mine", "prompt": f"{i}+{i}=", "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+             "extra_info": {"index": i}} for i in range(40)]
+    data = tmp_path / "verl-train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    fields = "{answer: reward_model.ground_truth, id: extra_info.index}"
+    source = build_source(DataConfig(path=str(data), fields={"answer": "reward_model.ground_truth", "id": "extra_info.index"}), 0, 10)
+    assert all(s.answer == str(2 * int(s.id)) and s.prompt == f"{s.id}+{s.id}=" for s in [*source.heldout, *source._rows])
+    p = assay("train", f"model.path={tiny_model_dir}", f"data.path={data}", f"data.fields={fields}", "reward=arithmetic",
+              f"output_dir={tmp_path / 'runs'}", "train.steps=1", "train.eval_n=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
+              "rollout.max_new_tokens=3", "reward_workers=0", "train.threads=1", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("verl-train-") and f"data: {data}" in p.stderr and "task:" not in p.stderr
+    page = (run / "report.html").read_text()
+    assert f"<tr><th>data</th><td>{data}</td></tr>" in page and "<th>task</th>" not in page and "task: null" in page

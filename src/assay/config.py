@@ -32,9 +32,13 @@ class ModelConfig(Section):
     it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
 
 
+DEFAULT_TASK = "arithmetic"
+
+
 class DataConfig(Section):
-    task: str | None = "arithmetic"
-    """A built-in task (`arithmetic`, `countdown`, `sql-agent`, `code-fix`); set to null to train on `path`."""
+    task: str | None = DEFAULT_TASK
+    """A built-in task (`arithmetic`, `countdown`, `sql-agent`, `code-fix`). With `path` the file is the
+    data and the task is null (the default task gives way; naming another task as well is an error)."""
     task_args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the built-in task, for example `{terms: 3, ops: "+-"}`."""
     path: str | None = None
@@ -61,6 +65,28 @@ class DataConfig(Section):
     overlong: Literal["error", "drop", "truncate"] = "error"
     """A prompt longer than the model's context less `rollout.max_new_tokens`: `error` (one
     line naming it), `drop` it (with a count), or `truncate` it from the left."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_or_task(cls, data: Any) -> Any:
+        """`path` and `task` both name the training data: the default task gives way to a file; another task, its
+        `task_args`, or the settings of a file without one are mistakes, one line each."""
+        if not isinstance(data, dict):
+            return data
+        task = data.get("task", DEFAULT_TASK)
+        if data.get("path") is not None:
+            if task not in (None, DEFAULT_TASK):
+                raise ValueError(f"invalid config value data.task={task!r}: data.path={data['path']!r} is the training data; "
+                                 "give one of them (data.task=null trains on the file)")
+            if data.get("task_args"):
+                raise ValueError(f"invalid config value data.task_args={data['task_args']!r}: task arguments apply to a built-in "
+                                 f"task, and data.path={data['path']!r} is the training data")
+            return {**data, "task": None}
+        for key in ("format", "fields", "eval_path"):
+            if data.get(key):
+                raise ValueError(f"invalid config value data.{key}={data[key]!r}: it applies to a data file, and data.path is not set "
+                                 "(set data.path=FILE)")
+        return data
 
 
 class RolloutConfig(Section):

@@ -151,6 +151,12 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
     from assay.rollout.base import make_sampler
     from assay.rollout.multiturn import episode_sampler
 
+    if data is None:  # read only with a data file: given without one, each would be silently ignored
+        given = [name for name, v in (("--fields", fields), ("--format", format), ("--chat", chat), ("--system-prompt", system_prompt),
+                                      ("--chat-template-kwargs", chat_template_kwargs)) if v]
+        if given:
+            raise AssayError(f"eval: {given[0]} applies to a data file, and --data is not given (a task's prompts are its own; "
+                             "--run uses the run's data settings)")
     run_cfg = _run_config(run) if run else None
     env_cfg = env_config(env) if env is not None else (run_cfg.env if run_cfg else None)
     if env_cfg is not None and reward is None:
