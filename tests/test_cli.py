@@ -67,6 +67,18 @@ def test_data_settings_that_would_be_ignored_are_one_line(args, needle):
     one_line_error(assay(*args), needle)
 
 
+def test_one_completion_per_prompt_with_a_group_relative_estimator_is_one_line(tmp_path, tiny_model_dir):
+    """GRPO with rollout.group_size=1 trained nothing (every advantage 0, actor/skipped_frac 1.0); it is refused up front,
+    naming the estimators that need groups; an estimator that needs none (REINFORCE++) still runs with one."""
+    base = ["train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "rollout.group_size=1"]
+    one_line_error(assay(*base), "rollout.group_size=1 with algo.advantage=grpo")
+    one_line_error(assay(*base, "algo.advantage=rloo"), "the ones that do: dr_grpo, frpo, gdpo, grpo, papo, passk, pure, ")
+    assert not (tmp_path / "runs").exists() and not any(tmp_path.iterdir())  # refused before any run folder
+    p = assay(*base, "algo.advantage=reinforce_pp", "run_name=one", "train.steps=1", "train.eval_n=2", "rollout.prompts_per_step=2",
+              "rollout.max_new_tokens=2", "reward_workers=0", "--no-progress")
+    assert p.returncode == 0, p.stderr
+
+
 def test_a_field_mapped_to_a_missing_column_is_one_line(tmp_path, tiny_model_dir):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10)))

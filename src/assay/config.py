@@ -97,7 +97,8 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(16, ge=1)
     """Prompts sampled per training step."""
     group_size: int = Field(8, ge=1)
-    """Completions per prompt (G)."""
+    """Completions per prompt (G). 1 is refused with an estimator that compares a completion with
+    its group (GRPO, RLOO, ...: `declare(groups=True)`), whose advantages would all be 0."""
     max_new_tokens: int = Field(6, ge=1)
     """Completion length limit in tokens, EOS included."""
     temperature: float = Field(1.0, gt=0.0)

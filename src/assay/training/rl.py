@@ -115,10 +115,19 @@ def _heldout_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def check_group_size(advantage: str, group_size: int) -> None:
+    """One line for a group-relative estimator (`fn.groups`) with one completion per prompt: every advantage would be 0."""
+    if group_size == 1 and getattr(ADVANTAGES.get(advantage), "groups", False):
+        grouped = sorted(n for n in ADVANTAGES.names() if getattr(ADVANTAGES.get(n), "groups", False))
+        raise AssayError(f"rollout.group_size=1 with algo.advantage={advantage}: it compares each completion with the rest of its group, "
+                         "so one completion per prompt gets advantage 0 and nothing trains; set rollout.group_size to 2 or more, or an "
+                         f"estimator that needs no group (the ones that do: {', '.join(grouped)})")
+
+
 def check_plugins(cfg: RunConfig) -> None:
     """Fail fast, before any folder is made, on a misspelled plugin name or hyperparameter."""
     check_backend(cfg.rollout.backend)
-    ADVANTAGES.get(cfg.algo.advantage)
+    check_group_size(cfg.algo.advantage, cfg.rollout.group_size)
     POLICY_LOSSES.get(cfg.algo.loss)
     AGGREGATIONS.get(cfg.algo.aggregation)
     KL_ESTIMATORS.get(cfg.algo.kl_estimator)
