@@ -113,12 +113,47 @@ def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
     assert p.returncode == 2 and "does not exist" in p.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    p = assay("train", "--resume", str(empty), check=False)
-    assert p.returncode == 2 and "no finished checkpoint" in p.stderr and p.stderr.count("\n") == 1
+    (empty / "notes.txt").write_text("not a run")
+    for flag in ("--resume", "--restart"):
+        p = assay("train", flag, str(empty), check=False)
+        assert p.returncode == 2 and "is not a run folder" in p.stderr and p.stderr.count("\n") == 1, p.stderr
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train: {steps: 2}\n")
     p = assay("train", str(cfg), "--resume", str(empty), check=False)
-    assert p.returncode == 2 and "its own config" in p.stderr
+    assert p.returncode == 2 and "runs the folder's own config" in p.stderr
+    assert (empty / "notes.txt").read_text() == "not a run"
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_in_its_own_folder(tiny_model_dir, tmp_path):
+    """SIGKILL after the step-0 evaluation, before any checkpoint: the name is not lost. A new run of the same name and
+    --resume both point at --restart, which starts it again from the beginning in its folder; once it has a checkpoint,
+    --restart refuses (that is --resume's)."""
+    args = [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=early", "train.save_every=0", "--no-progress", *RUN]
+    run = tmp_path / "early"
+    p = start("train", *args, "train.steps=100000")
+    deadline = time.time() + 120
+    while not (run / "metrics.jsonl").exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    p.kill()
+    p.communicate(timeout=60)
+    assert (run / "config.yaml").is_file() and not list(run.glob("checkpoints/step_*"))
+    for again in (assay("train", *args, "train.steps=3", check=False), assay("train", "--resume", str(run), check=False)):
+        assert again.returncode == 2 and f"--restart {run}" in again.stderr and again.stderr.count("\n") == 1, again.stderr
+    assay("train", "--restart", str(run), "train.steps=3", "--no-progress")
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3] and (run / "final").is_dir()
+    p = assay("train", "--restart", str(run), check=False)
+    assert p.returncode == 2 and f"continue it with --resume {run}" in p.stderr
+
+
+def test_a_config_file_without_run_name_can_be_run_again(tmp_path):
+    """The examples carry no fixed run_name: a second `assay train examples/X.yaml` is a new run named after the file."""
+    example = Path(__file__).parents[1] / "examples" / "rubric-arithmetic.yaml"
+    for _ in range(2):
+        assay("train", str(example), f"output_dir={tmp_path}", "train.steps=1", "train.eval_n=4", "rollout.prompts_per_step=2",
+              "rollout.group_size=2", "reward_workers=0", "train.threads=1", "--no-progress")
+    runs = sorted(p.name for p in tmp_path.iterdir())
+    assert len(runs) == 2 and all(r.startswith("rubric-arithmetic-") for r in runs), runs
+    assert not any("run_name" in line for f in example.parent.glob("*.yaml") for line in f.read_text().splitlines() if not line.startswith("#"))
 
 
 def test_reward_list_and_score_through_the_command(tmp_path):

@@ -34,7 +34,7 @@ from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, save_checkpoint
 from assay.training.progress import RunProgress, _f
-from assay.training.runs import RUN_FILE, new_run_dir, resumed_config, write_config
+from assay.training.runs import RUN_FILE, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
 
 
 @dataclass
@@ -178,15 +178,21 @@ def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: RMConfig, sink:
     prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints)
 
 
-def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None,
-             progress: bool = False) -> RMResult:
-    """Train a reward model as `cfg` says, or continue the run folder `resume` (with `overrides` from `SAFE_ON_RESUME`)."""
+def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, restart: str | Path | None = None,
+             overrides: list[str] | None = None, progress: bool = False) -> RMResult:
+    """Train a reward model as `cfg` says, continue the run folder `resume` (with `overrides` from `SAFE_ON_RESUME`),
+    or start the run in `restart`, one that stopped before its first checkpoint, again with its config and `overrides`."""
     started = time.perf_counter()
     ckpt = None
     if resume is not None:
         cfg, ckpt = resume_rm_config(resume, overrides)
         run_dir = Path(resume)
         clean_leftovers(run_dir / "checkpoints")
+    elif restart is not None:
+        cfg = validate(restart_data(restart, overrides))
+        clear_outputs(restart)
+        run_dir = new_run_dir(cfg, folder=restart)
+        write_config(run_dir, cfg)
     else:
         if cfg is None:
             raise AssayError("train_rm: give a config or a run folder to resume")
