@@ -393,3 +393,31 @@ def test_docstring_examples():
     import assay.rm.losses
 
     assert doctest.testmod(assay.rm.losses).failed == 0
+
+
+def test_a_model_reward_is_scored_in_batches_in_the_callers_process(tmp_path, tiny_model_dir):
+    """`rm` declares kind = "batch": with the default reward workers (as `assay eval --best-of` and `assay reward score`
+    use them) the executor starts no worker process and the model scores the batch in forwards of `batch_size`, alone
+    or inside a composition; the scores are those of workers=0."""
+    from assay.rewards.executor import RewardExecutor
+    from assay.rewards.spec import build_reward
+    from assay.rm.reward import loaded
+    from assay.types import Sample, Trajectory
+
+    model, tok = build_rm(str(tiny_model_dir), seed=2)
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
+    batch = [Trajectory(Sample(str(i), f"{i}+1=", str(i + 1)), str(i + d), [], [], [], True) for i in range(10) for d in (0, 1)]
+    spec = {"name": "rm", "args": {"path": str(tmp_path / "rm"), "batch_size": 8}}
+    with RewardExecutor(build_reward(spec), workers=0) as inline:
+        want = [r.score for r in inline.score(batch)]
+    rm_model, _ = loaded(str(tmp_path / "rm"), "cpu")
+    forwards = []
+    rm_model.register_forward_hook(lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    for reward in (build_reward(spec), build_reward({"name": "weighted", "args": {"components": {"rm": spec, "ok": "arithmetic"}}})):
+        forwards.clear()
+        with RewardExecutor(reward, workers=2) as ex:
+            got = ex.score(batch)
+            assert ex._pool is None  # no worker process was started
+        assert forwards == [8, 8, 4]
+        scores = [r.components.get("rm", r.score) for r in got]
+        assert scores == pytest.approx(want, abs=1e-6)

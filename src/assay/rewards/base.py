@@ -27,8 +27,9 @@ from assay.types import RewardResult, Trajectory
 class Reward(abc.ABC):
     """Base class of every reward. `kind` tells the executor how to run it."""
 
-    #: "cpu" for CPU-bound rule rewards, "io" for rewards that wait on a server, "batch" for rewards
-    #: that score a whole batch in one call and bound their own time (model judges).
+    #: "cpu" for CPU-bound rule rewards (worker processes: isolation, per-item deadlines), "io" for rewards
+    #: that wait on a server, "batch" for rewards that score a whole batch in one call in the caller's process:
+    #: model judges (they bound their own time) and learned reward models (batched forwards, `rm`, `prm`).
     kind: str = "cpu"
     #: True when a score is a verdict: 1 (or more) means right, less means not (verifiers, rule rewards and
     #: compositions of them). False for a score on a scale of its own (a reward model, a judge, a rubric's
