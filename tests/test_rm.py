@@ -242,6 +242,32 @@ def test_resume_is_exact(tmp_path, tiny_model_dir):
         train_rm(resume=cut, overrides=["optim.lr=1"])
 
 
+def test_threads_follow_the_cores_other_processes_leave_free(tmp_path, tiny_model_dir, monkeypatch):
+    """`train.threads=0` (the default) re-reads the load before every step, as `assay train` does: with one of two cores
+    taken by someone else the steps run on one thread (fed synthetic /proc readings); `train.threads=N` keeps N."""
+    from assay import threads
+    from assay.threads import ThreadGovernor
+
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    clock = {"t": 0.0, "machine": 0.0, "tree": 0.0}
+
+    def busy_elsewhere(self):  # each reading: one more second in which another process kept one core busy
+        clock["t"] += 1.0
+        clock["machine"] += 1.0
+        return clock["t"], clock["machine"], clock["tree"]
+
+    monkeypatch.setattr(ThreadGovernor, "_sample", busy_elsewhere)
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    before = torch.get_num_threads()
+    try:
+        for fixed, want in (("0", [2, 1, 1, 1]), ("2", [2, 2, 2, 2])):
+            args = [a for a in rm_args(tmp_path, tiny_model_dir, data, f"t{fixed}", "train.steps=4") if not a.startswith("train.threads")]
+            result = train_rm(load_rm_config(None, [*args, f"train.threads={fixed}"]))
+            assert [r["rm/threads"] for r in read_metrics(result.run_dir / "metrics.jsonl") if "rm/threads" in r] == want
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_time_limit_ends_the_run_cleanly(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
     result = train_rm(load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "t", "train.steps=50", "train.time_limit=0.001")))

@@ -31,6 +31,7 @@ from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, spl
 from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
+from assay.threads import ThreadGovernor
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, save_checkpoint
 from assay.training.progress import RunProgress, _f
@@ -131,14 +132,16 @@ def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, opt, s
 
 
 def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pairs: list[Pair], heldout: list[Comparison], cfg: RMConfig,
-              opt, sched, sink: JsonlSink, bar: RMProgress, last: dict[str, Any]) -> bool:
+              opt, sched, sink: JsonlSink, bar: RMProgress, last: dict[str, Any], governor: ThreadGovernor) -> bool:
     """Train step `step`, evaluate when due, log its row into `last` and the sink; True when it is the run's last step."""
+    threads = governor.update()  # first, the cores other processes left free
     t0 = time.perf_counter()
     batch = [pairs[i] for i in batch_indices(len(pairs), cfg.train.batch_size, cfg.seed, step - 1)]
     step_fn, eval_fn, _ = _objective(cfg)
     last.clear()
     last.update(step_fn(model, encoder, batch, cfg, opt, sched))
     last["rm/step_seconds"] = time.perf_counter() - t0
+    last["rm/threads"] = float(threads)
     last["rm/epoch"] = (step * cfg.train.batch_size) / len(pairs)
     out_of_time = bool(cfg.train.time_limit) and time.perf_counter() - started >= cfg.train.time_limit and step < steps
     end = step == steps or out_of_time
@@ -198,8 +201,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
             raise AssayError("train_rm: give a config or a run folder to resume")
         run_dir = new_run_dir(cfg, default_name=f"rm-{datetime.now():%Y%m%d-%H%M%S}")
         write_config(run_dir, cfg)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    governor = ThreadGovernor(cfg.train.threads)  # 0: the cores other processes leave free, re-read before every step
     pairs, heldout = load_data(cfg)
     model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
     _, eval_fn, encoder_cls = _objective(cfg)
@@ -221,7 +223,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
         try:
             for step in range(start + 1, steps + 1):
                 with signals.critical():  # a step is short: a signal waits for it, then the run saves and stops
-                    end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last)
+                    end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last, governor)
                     done = step
                     if (cfg.train.save_every and step % cfg.train.save_every == 0) or end:
                         _save(run_dir, step, model, tok, opt, sched, cfg, sink)
