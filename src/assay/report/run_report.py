@@ -83,7 +83,9 @@ def _samples_html(run_dir: Path, dumps: int = 2) -> str:
     for r in (r for r in rows if r["step"] in steps):
         comps = "".join(f"<tr><td><code>{html.escape(repr(c.get('text')))}</code></td><td>{html.escape(_fmt(c.get('reward')))}</td>"
                         f"<td>{html.escape(str(c.get('reason') or c.get('error') or ''))}</td></tr>" for c in r.get("completions", []))
-        body += (f"<h3>step {r['step']}: <code>{html.escape(repr(r.get('prompt')))}</code> (answer {html.escape(str(r.get('answer')))})</h3>"
+        prompt = r.get("prompt_text", r.get("prompt"))  # a conversation as the model saw it, through the chat template
+        shown = f"<pre>{html.escape(prompt)}</pre>" if isinstance(prompt, str) and "\n" in prompt else f"<code>{html.escape(repr(prompt))}</code>"
+        body += (f"<h3>step {r['step']} (answer {html.escape(str(r.get('answer')))})</h3>{shown}"
                  f"<table><tr><th>completion</th><th>reward</th><th>reason</th></tr>{comps}</table>")
     return f"<h2>Sample completions</h2>{body}" if body else ""
 

@@ -94,8 +94,12 @@ def _clip(text: object, n: int = 60) -> str:
     return repr(s if len(s) <= n else s[: n - 1] + "…")
 
 
-def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4) -> list[dict]:
-    """A few prompts of a step with their completions, rewards and reasons (rows of `samples.jsonl`)."""
+def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4, tokenizer=None) -> list[dict]:
+    """A few prompts of a step with their completions, rewards and reasons (rows of `samples.jsonl`).
+
+    A conversation's row also has `prompt_text`: what the model saw, its prompt token ids decoded
+    with `tokenizer` (the chat template's rendering, special tokens included).
+    """
     rows: list[dict] = []
     by_group: dict[int, list[tuple[Trajectory, RewardResult]]] = {}
     for t, r in zip(trajs, results):
@@ -103,8 +107,10 @@ def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: i
     for g in sorted(by_group)[:prompts]:
         items = by_group[g]
         s = items[0][0].sample
+        rendered = {"prompt_text": tokenizer.decode(items[0][0].prompt_ids)} if tokenizer is not None and not isinstance(s.prompt, str) else {}
         rows.append({
-            "id": s.id, "prompt": s.prompt, "answer": s.answer if isinstance(s.answer, (str, int, float, type(None))) else str(s.answer),
+            "id": s.id, "prompt": s.prompt, **rendered,
+            "answer": s.answer if isinstance(s.answer, (str, int, float, type(None))) else str(s.answer),
             "completions": [{"text": t.completion, "reward": r.score, "reason": r.info.get("reason"), "error": r.error,
                              "extracted": r.info.get("extracted", r.info.get("answer"))} for t, r in items[:per_prompt]],
         })

@@ -453,12 +453,12 @@ class Trainer:
             bar.note(f"assay: warning: step {self.step}: {warning}")
         every = cfg.train.samples_every
         if every and (self.step == 1 or self.step % every == 0):
-            rows = sample_rows(trajs, results, cfg.train.samples_n)
+            rows = sample_rows(trajs, results, cfg.train.samples_n, tokenizer=self.tokenizer)
             for row in rows:
                 self.samples.log(self.step, row)
             if cfg.train.show_samples and rows and rows[0]["completions"]:
                 c = rows[0]["completions"][0]
-                bar.note(f"step {self.step}: {rows[0]['prompt']!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
+                bar.note(f"step {self.step}: {rows[0].get('prompt_text', rows[0]['prompt'])!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             metrics.update(self.evaluate())
         self._log(metrics, last, bar, evaluated="eval/mean_length" in metrics)
