@@ -108,6 +108,19 @@ def test_resume_uses_the_runs_own_config(tiny_model_dir, tmp_path, reference):
     assert saved["optim"]["lr"] == 2e-3 and saved["rollout"]["group_size"] == 3 and saved["train"]["steps"] == 12
 
 
+def test_the_docs_state_when_resume_is_bit_for_bit():
+    """Exact resume holds with a fixed thread count (these tests run with train.threads=1); the default follows the load,
+    and another count rounds differently. Where the README, the architecture page and the reward-model page promise
+    exact resume, they say so."""
+    root = Path(__file__).parents[1]
+    for page, promise in (("README.md", "exactly the metrics and weights"), ("docs/architecture.md", "bit for"),
+                          ("docs/reward-models.md", "bit-identical final weights as an")):
+        text = " ".join((root / page).read_text().split())
+        at = text.index(promise)
+        assert "train.threads" in text[max(0, at - 300) : at + 400], page
+    assert "train.threads=1" in RUN
+
+
 def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
     p = assay("train", "--resume", str(tmp_path / "nope"), check=False)
     assert p.returncode == 2 and "does not exist" in p.stderr
