@@ -279,7 +279,7 @@ def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
     agent_keys = {k for r in steps for k in r if k.startswith("agent/")}
     families = [re.compile(re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in re.findall(r"`(agent/[a-z_<>/]+)`", docs)]
     assert agent_keys and all(any(f.match(k) for f in families) for k in agent_keys)  # every agent metric is defined
-    assert (tmp_path / "r" / "agents.png").is_file() and 'src="agents.png"' in (tmp_path / "r" / "report.html").read_text()
+    assert (tmp_path / "r" / "agents.png").is_file() and 'alt="agents" title="agents.png"' in (tmp_path / "r" / "report.html").read_text()
     # each sampled episode says how it went, not how it ended: a right and a wrong answer are not both "answer"
     done = [c for row in read_metrics(tmp_path / "r" / "samples.jsonl") for c in row["completions"]]
     assert done and all(c["reason"] == ("correct" if c["reward"] >= 1 else "wrong") for c in done if c["reason"] not in ("max_turns", "context"))

@@ -113,3 +113,15 @@ def test_a_data_file_names_the_run_and_nested_columns_are_read(tmp_path, tiny_mo
     assert run.name.startswith("verl-train-") and f"data: {data}" in p.stderr and "task:" not in p.stderr
     page = (run / "report.html").read_text()
     assert f"<tr><th>data</th><td>{data}</td></tr>" in page and "<th>task</th>" not in page and "task: null" in page
+
+
+def test_small_output_mistakes(tmp_path):
+    """A YAML error names its line and column; `--k 0` prints no `pass@0: None`."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: 3\n data: x\n")
+    one_line_error(assay("train", str(bad)), f"config file {str(bad)!r} is not valid YAML: line 3, column 2: ")
+    one_line_error(assay("eval", "--task-args", "{terms: 3"), "line 1, column 10: expected ',' or '}'")
+    p = assay("eval", "--n", "5", "--k", "0")
+    assert p.returncode == 0 and "pass@" not in p.stdout and "accuracy" in p.stdout, p.stdout
+    out = json.loads(assay("eval", "--n", "5", "--k", "0", "--json").stdout)
+    assert "pass@0" not in out and set(out) >= {"accuracy", "n", "mean_length"}

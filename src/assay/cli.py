@@ -58,12 +58,14 @@ def _yaml_arg(text: str | None, name: str) -> Any:
     """A JSON or YAML value given on the command line (`--task-args '{terms: 3}'`)."""
     import yaml
 
+    from assay.config import yaml_problem
+
     if text is None:
         return None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise AssayError(f"{name}: {text!r} is not valid YAML or JSON: {str(e).splitlines()[0]}") from None
+        raise AssayError(f"{name}: {text!r} is not valid YAML or JSON: {yaml_problem(e)}") from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

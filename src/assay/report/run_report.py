@@ -3,6 +3,7 @@ environment, turns and tool calls per episode), and an HTML page."""
 
 from __future__ import annotations
 
+import base64
 import html
 import os
 from pathlib import Path
@@ -92,12 +93,14 @@ def _samples_html(run_dir: Path, dumps: int = 2) -> str:
 
 def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any],
                  plots: dict[str, tuple[str, list[tuple[str, str]]]] | None = None) -> Path:
-    """Plots (`plots`, default `PLOTS`) plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`."""
+    """Plots (`plots`, default `PLOTS`) plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`;
+    the page embeds its plots, so it can be mailed or moved on its own."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     files = plot_metrics(rows, run_dir, plots)
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in summary.items())
-    imgs = "".join(f'<img src="{p.name}" alt="{p.stem}">' for p in files)
+    imgs = "".join(f'<img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{p.stem}" title="{p.name}">'
+                   for p in files)  # embedded: the page alone is the whole report (the PNG files stay beside it)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>assay run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}.warn{{color:#a40}}pre{{background:#f5f5f5;padding:1em}}</style>

@@ -178,7 +178,8 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
                                      fused=cfg.optim.fused and self.device.type in ("cpu", "cuda"))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
-        self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps)
+        self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
+                                  cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
         self._saved_at: int | None = None
