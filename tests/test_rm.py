@@ -447,3 +447,37 @@ def test_a_model_reward_is_scored_in_batches_in_the_callers_process(tmp_path, ti
         assert forwards == [8, 8, 4]
         scores = [r.components.get("rm", r.score) for r in got]
         assert scores == pytest.approx(want, abs=1e-6)
+
+
+def test_a_conversation_is_scored_through_the_template_with_its_generation_prompt(tmp_path):
+    """`rm` and `prm` render a conversational prompt with the reward model's chat template and its generation prompt: with
+    a ChatML template that honours `add_generation_prompt`, the scored ids are the rendering with the assistant header,
+    then the response (and, for `rm`, EOS) — and the saved model scores that text the same under plain transformers."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from assay.models import build_tiny_model, quiet_hf
+    from assay.models.chat import build_chat_tokenizer
+    from assay.rewards.spec import build_reward
+    from assay.rm.prm import StepEncoder
+    from assay.types import Sample, Trajectory
+
+    quiet_hf()
+    tok = build_chat_tokenizer("chatml")
+    lm = tmp_path / "lm"
+    build_tiny_model(tok, hidden=32, layers=2, heads=2, intermediate=64).save_pretrained(lm)
+    tok.save_pretrained(lm)
+    model, tok = build_rm(str(lm), seed=1)
+    conv = [{"role": "user", "content": "What is 3 + 4?"}]
+    header = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+    assert header != tok.apply_chat_template(conv, add_generation_prompt=False, tokenize=False)  # the template honours the flag
+    ids, _ = Encoder(tok, 128).ids(conv, "7")
+    assert ids == tok(header + "7", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    step_ids, ends = StepEncoder(tok, 128).ids(conv, ["7"])
+    assert step_ids == tok(header, add_special_tokens=False)["input_ids"] + tok("7", add_special_tokens=False)["input_ids"]
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 128})
+    reward = build_reward({"name": "rm", "args": {"path": str(tmp_path / "rm")}})
+    ours = reward([Trajectory(Sample("0", conv, None), "7", [], [], [], True)])[0].score
+    plain_tok = AutoTokenizer.from_pretrained(tmp_path / "rm")
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
+    with torch.no_grad():
+        assert plain(**plain_tok(header + "7", return_tensors="pt")).logits[0, 0].item() == pytest.approx(ours, abs=1e-5)
