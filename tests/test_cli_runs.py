@@ -174,14 +174,32 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_in_its_own_folder(tin
     p.kill()
     p.communicate(timeout=60)
     assert (run / "config.yaml").is_file() and not list(run.glob("checkpoints/step_*"))
-    for again in (assay("train", *args, "train.steps=3", check=False), assay("train", "--resume", str(run), check=False)):
-        assert again.returncode == 2 and f"--restart {run}" in again.stderr and again.stderr.count("\n") == 1, again.stderr
-    assay("train", "--restart", str(run), "train.steps=3", "--no-progress")
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3] and (run / "final").is_dir()
-    p = assay("train", "--restart", str(run), check=False)
-    assert p.returncode == 2 and f"continue it with --resume {run}" in p.stderr
+    p = assay("train", "--resume", str(run), check=False)
+    assert p.returncode == 2 and f"--restart {run}" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    from assay.api import train
+    from assay.errors import AssayError
+
+    with pytest.raises(AssayError, match=f"stopped before its first checkpoint; start it again from the beginning with --restart {run}"):
+        train(None, *[a for a in args if a != "--no-progress"], "train.steps=2")  # a new run under the same name
+    assay("train", "--restart", str(run), "train.steps=2", "train.eval_n=4", "--no-progress")
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2] and (run / "final").is_dir()
+    with pytest.raises(AssayError, match=f"continue it with --resume {run}"):
+        train(restart=run)
 
 
+def test_runs_without_a_name_get_a_folder_of_their_own(tmp_path):
+    """The examples carry no fixed run_name, and a name stamped with the time stays unique within the second."""
+    from assay.training.runs import stamped
+
+    examples = Path(__file__).parents[1] / "examples"
+    assert not any(line.startswith("run_name") for f in examples.glob("*.yaml") for line in f.read_text().splitlines())
+    first = stamped("calculator-agent", tmp_path)
+    (tmp_path / first).mkdir()
+    second = stamped("calculator-agent", tmp_path)
+    assert first.startswith("calculator-agent-") and second != first and not (tmp_path / second).exists()
+
+
+@pytest.mark.slow
 def test_a_config_file_without_run_name_can_be_run_again(tmp_path):
     """The examples carry no fixed run_name: a second `assay train examples/X.yaml` is a new run named after the file."""
     example = Path(__file__).parents[1] / "examples" / "rubric-arithmetic.yaml"

@@ -139,14 +139,16 @@ def test_a_learned_reward_is_a_mean_beside_the_verified_accuracy(bundled, tmp_pa
     with torch.no_grad():
         model.score.weight.mul_(1e3)  # scores far from 0/1, so "≥ 1" would be a number unrelated to right answers
     save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
-    args = ["eval", "--n", "30", "--k", "2", "--json", "--workers", "0"]
-    out = _assay(*args, "--reward", f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}")
-    checked = _assay(*args, "--reward", "arithmetic")
+    from assay.api import evaluate as evaluate_api
+
+    rm = f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}"
+    out = evaluate_api(n=20, k=2, workers=0, reward=rm)
+    checked = evaluate_api(n=20, k=2, workers=0, reward="arithmetic")
     assert out["verifier"] == "arithmetic" and out["accuracy"] == checked["accuracy"] and out["pass@2"] == checked["pass@2"]
     assert isinstance(out["mean_reward"], float) and "mean_reward" not in checked
     nothing_checks = tmp_path / "plain.jsonl"  # data with no verifier of its own: the mean alone
     nothing_checks.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in make_task("arithmetic").heldout(5)))
-    alone = _assay(*args, "--data", str(nothing_checks), "--reward", f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}")
+    alone = _assay("eval", "--n", "5", "--k", "2", "--json", "--workers", "0", "--data", str(nothing_checks), "--reward", rm)
     assert "accuracy" not in alone and "pass@2" not in alone and alone["verifier"] is None and isinstance(alone["mean_reward"], float)
 
 
