@@ -62,6 +62,22 @@ def descendants(root: int) -> set[int]:
     return out
 
 
+def describe(pids: list[int]) -> str:
+    """What a leftover is, for a failing assertion: pid, parent, state, in-sandbox pid and command line."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            out.append(f"{pid}: gone")
+            continue
+        out.append(f"{pid} (parent {status.get('PPid')}, {status.get('State')}, NSpid {status.get('NSpid')}): {argv[:160]!r}")
+    return "; ".join(out)
+
+
 def slot_leftovers(root: int | None = None) -> list[int]:
     """Processes of sandbox slot uids, in the sandboxes of `root` (default: this process), that are not an idle fork
     server's sandbox.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from _sandbox import descendants, require_sandbox, slot_leftovers
+from _sandbox import descendants, describe, require_sandbox, slot_leftovers
 from assay.sandbox import Job, Limits, SandboxPool, language
 
 
@@ -113,7 +113,7 @@ def test_programs_run_by_the_same_server_share_nothing(pool):
     assert run(pool, POISON) == "poisoned\n"
     after = run(pool, PROBE)
     assert after == before
-    assert slot_leftovers() == []
+    assert not (left := slot_leftovers()), describe(left)
 
 
 def test_a_program_cannot_read_an_earlier_program_from_its_memory(pool):
@@ -159,7 +159,7 @@ def test_a_dead_or_stopped_server_is_replaced_and_the_next_program_is_scored(poo
         os.kill(pid, sig)
         assert run(pool, "print(input())", "still scored", cpu_s=0.5) == "still scored\n"
         assert server_pid(pool) != pid
-    assert slot_leftovers() == []
+    assert not (left := slot_leftovers()), describe(left)
 
 
 OUTSIDER = """
@@ -219,4 +219,4 @@ def test_the_worker_waits_for_cleanup_before_the_next_program(pool):
     deadline = time.monotonic() + 2
     while slot_leftovers() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert slot_leftovers() == []
+    assert not (left := slot_leftovers()), describe(left)
