@@ -12,8 +12,8 @@ pass@k = 1 − C(n−c, k) / C(n, k), averaged over problems.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 from math import comb
 from typing import Callable
 
