@@ -130,6 +130,15 @@ def test_serve_model_routes(model_server):
         assert status == code and words in body["error"]["message"], body
 
 
+def test_chat_without_a_template_is_a_clear_400():
+    from assay.rollout.serve_model import BadRequest, ModelService
+
+    service = ModelService("tiny-arith")
+    with pytest.raises(BadRequest, match="has no chat template") as e:
+        service.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "1+1="}]})
+    assert e.value.status == 400
+
+
 def test_serve_model_chat_adds_the_generation_prompt(tmp_path):
     """`/v1/chat/completions` renders messages with the template's generation prompt: through a ChatML template that honours
     `add_generation_prompt` (the fixture above ignores it), the prompt is the template's rendering *with* the assistant header."""
@@ -155,15 +164,6 @@ def test_serve_model_chat_adds_the_generation_prompt(tmp_path):
         assert status == 200 and body["usage"]["prompt_tokens"] == len(with_header)
     finally:
         assert server.stop() == 0
-
-
-def test_chat_without_a_template_is_a_clear_400():
-    from assay.rollout.serve_model import BadRequest, ModelService
-
-    service = ModelService("tiny-arith")
-    with pytest.raises(BadRequest, match="has no chat template") as e:
-        service.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "1+1="}]})
-    assert e.value.status == 400
 
 
 # ---------------------------------------------------------------- modes through the real model
