@@ -41,16 +41,59 @@ def require_sandbox() -> None:
     pytest.skip(message)
 
 
-def slot_leftovers() -> list[int]:
-    """Processes of sandbox slot uids that are not an idle fork server's sandbox.
+def descendants(root: int) -> set[int]:
+    """The pids of every live process below `root` (its children, theirs, ...), from `/proc/PID/stat`."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        children.setdefault(int(text[text.rfind(")") + 2 :].split()[1]), []).append(int(name))
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def describe(pids: list[int]) -> str:
+    """What a leftover is, for a failing assertion: pid, parent, state, in-sandbox pid and command line."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            out.append(f"{pid}: gone")
+            continue
+        out.append(f"{pid} (parent {status.get('PPid')}, {status.get('State')}, NSpid {status.get('NSpid')}): {argv[:160]!r}")
+    return "; ".join(out)
+
+
+def slot_leftovers(root: int | None = None) -> list[int]:
+    """Processes of sandbox slot uids, in the sandboxes of `root` (default: this process), that are not an idle fork
+    server's sandbox.
 
     An idle fork server is bwrap's monitor, bwrap's init (pid 1 in the sandbox) and
     `server.py` (pid 2); anything else of a slot uid outlived the program that started it.
+    Only `root`'s descendants count: an orphan inside a sandbox is re-parented to the
+    sandbox's init, itself a descendant, so nothing of ours escapes the scan, while another
+    process's sandboxes on the same machine (another test run, another user of the slot uids)
+    are not ours to judge. `root=1` scans the whole machine.
     """
+    ours = descendants(os.getpid() if root is None else root)
     out = []
     for name in os.listdir("/proc"):
         try:
-            if not name.isdigit() or os.stat(f"/proc/{name}").st_uid not in range(
+            if not name.isdigit() or int(name) not in ours or os.stat(f"/proc/{name}").st_uid not in range(
                     isolation.UID_BASE, isolation.UID_BASE + isolation.UID_COUNT):
                 continue
             with open(f"/proc/{name}/status") as f:

@@ -22,7 +22,7 @@ from assay.report.metrics import read_metrics
 from assay.rollout.base import SamplingParams, make_sampler
 from assay.rollout.multiturn import Budget, MultiTurn, episode_metrics
 from assay.training import learner
-from assay.types import RewardResult, Sample
+from assay.types import RewardResult, Sample, Trajectory
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [Sample("a", "57+68="), Sample("b", "12+34="), Sample("c", "99+99=")]
@@ -279,10 +279,27 @@ def test_assay_train_with_an_env_runs_end_to_end(tmp_path):
     agent_keys = {k for r in steps for k in r if k.startswith("agent/")}
     families = [re.compile(re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in re.findall(r"`(agent/[a-z_<>/]+)`", docs)]
     assert agent_keys and all(any(f.match(k) for f in families) for k in agent_keys)  # every agent metric is defined
-    assert (tmp_path / "r" / "agents.png").is_file() and 'src="agents.png"' in (tmp_path / "r" / "report.html").read_text()
+    assert (tmp_path / "r" / "agents.png").is_file() and 'alt="agents" title="agents.png"' in (tmp_path / "r" / "report.html").read_text()
+    # each sampled episode says how it went, not how it ended: a right and a wrong answer are not both "answer"
+    done = [c for row in read_metrics(tmp_path / "r" / "samples.jsonl") for c in row["completions"]]
+    assert done and all(c["reason"] == ("correct" if c["reward"] >= 1 else "wrong") for c in done if c["reason"] not in ("max_turns", "context"))
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", "env.name=nope", f"output_dir={tmp_path}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("assay: error: unknown environment 'nope'")
+
+
+def test_the_episode_reward_gives_the_episodes_outcome():
+    """`reason` is the outcome: the environment's own word, else correct / partial / wrong by the reward, or how the episode
+    was cut short; how it ended stays in `finish`."""
+    from assay.envs.base import EpisodeReward
+
+    def ep(reward, finish="answer", said=None):
+        return Trajectory(Sample("0", "p", None), "x", [], [], [], True, finish_reason=finish, info={"reward": reward, "outcome": said})
+
+    got = [(r.info["reason"], r.info["finish"]) for r in EpisodeReward()([ep(1.0), ep(0.0), ep(0.5), ep(0.0, "max_turns"), ep(None),
+                                                                        ep(0.0, "submit", "wrong rows"), ep(1.0, "pass")])]
+    assert got == [("correct", "answer"), ("wrong", "answer"), ("partial", "answer"), ("max_turns", "max_turns"), ("unscored", "answer"),
+                   ("wrong rows", "submit"), ("correct", "pass")]
 
 
 def test_an_env_run_resumes_bit_for_bit(tmp_path):

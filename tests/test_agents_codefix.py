@@ -110,12 +110,13 @@ def test_code_fix_example_runs_end_to_end(tmp_path):
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", str(ROOT / "examples" / "code-fix-agent.yaml"), "train.steps=2",
                           f"output_dir={tmp_path}", "train.threads=1", "--no-progress"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [r for r in read_metrics(tmp_path / "code-fix-agent" / "metrics.jsonl") if "actor/loss" in r]
+    (run,) = tmp_path.glob("code-fix-agent-*")  # named after the file and the time
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "actor/loss" in r]
     assert len(rows) == 2
     for r in rows:  # 4 prompts x 4 episodes, each 1 to 3 turns, ended by a pass, the attempts, or the loop's budget
         assert r["reward/count"] == 16 and 1 <= r["agent/turns_mean"] <= 3 and r["agent/env_errors"] == 0
         assert sum(v for k, v in r.items() if k.startswith("agent/finish/")) == pytest.approx(1.0)
-    samples = [json.loads(line) for line in (tmp_path / "code-fix-agent" / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["prompt"].startswith("Write Python: f(") for s in samples)
 
 

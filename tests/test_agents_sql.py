@@ -105,6 +105,7 @@ def test_sql_agent_example_runs_end_to_end(tmp_path):
     out = subprocess.run([sys.executable, "-m", "assay.cli", "train", str(ROOT / "examples" / "sql-agent.yaml"), "train.steps=2",
                           f"output_dir={tmp_path}", "train.threads=1"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = [r for r in read_metrics(tmp_path / "sql-agent" / "metrics.jsonl") if "actor/loss" in r]
+    (run,) = tmp_path.glob("sql-agent-*")  # named after the file and the time
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "actor/loss" in r]
     assert len(rows) == 2 and all(r["reward/count"] == 16 and r["agent/turns_mean"] >= 1 for r in rows)
-    assert (tmp_path / "sql-agent" / "final" / "model.safetensors").is_file()
+    assert (run / "final" / "model.safetensors").is_file()

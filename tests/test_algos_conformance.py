@@ -98,7 +98,7 @@ def test_estimator_contract(name):
     assert set(EXTRAS.names()) == EXTRA_NAMES  # every extra has test data above
     # every hyperparameter has a default and a type the config can check
     assert all(v is not inspect.Parameter.empty for v in hyperparameters(fn, ("rewards", "group", "mask")).values())
-    assert isinstance(fn.mixes_groups, bool)
+    assert isinstance(fn.mixes_groups, bool) and isinstance(fn.groups, bool)
     out = call(name, batch)
     assert out.shape == (B, T) and out.dtype == torch.float32
     assert torch.isfinite(out).all()
@@ -142,6 +142,26 @@ def test_estimator_permutation_equivariance(name):
     torch.testing.assert_close(call(name, shuffled), out[perm], atol=1e-5, rtol=1e-5)
     shuffled["group"] = torch.tensor([2, 0, 3, 1])[shuffled["group"]]
     torch.testing.assert_close(call(name, shuffled), out[perm], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimator_declares_whether_it_needs_groups(name):
+    """`groups=True` exactly when one sample per group (`rollout.group_size=1`) leaves every advantage 0 (with no KL to
+    the reference, FRPO's other term), so the config can refuse that pairing and name the estimators that need groups."""
+    batch = make_batch(4)
+    batch["group"] = torch.arange(B)
+    batch["ref_logprobs"] = batch["logprobs"]
+    silent = bool((call(name, batch) == 0).all())
+    assert ADVANTAGES.get(name).groups == silent, f"{name}: declared groups={ADVANTAGES.get(name).groups}, but G=1 gives {'no' if silent else 'some'} signal"
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_a_wholly_unscored_group_gets_zero_advantage(name):
+    """A group whose every reward is None (an unparseable reference, a reward that failed) is no crash: 0 advantage."""
+    batch = make_batch(5)
+    batch["rewards"][batch["group"] == 2] = math.nan
+    out = call(name, batch)
+    assert torch.isfinite(out).all() and (out[batch["group"] == 2] == 0).all()
 
 
 def check_no_mixing(name):

@@ -109,3 +109,15 @@ def test_the_readme_example_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     err = "".join(t for n, t in streams[0] if n == "stderr")
     assert len(out) == 4 and out[2:] == ["1.0 correct", "0.0 wrong"] and "run folder:" in err and "\x1b[" not in err
     assert "caught: model path 'no/such/model' is not a directory" in streams[1][0][1] and streams[2] == [("stdout", "still alive\n")]
+
+
+def test_the_model_cards_reward_block_is_the_configs_yaml():
+    """A reward named by a string was dumped as a YAML document of its own, with its end marker (`...`) in the card."""
+    from assay.config import RunConfig
+    from assay.report.model_card import model_card
+
+    config = RunConfig().model_dump(mode="json")
+    for reward, block in (("arithmetic", "reward: arithmetic"), ({"name": "rm", "args": {"path": "runs/rm"}}, "reward:\n  name: rm\n  args:\n    path: runs/rm")):
+        card = model_card(config, {}, "m", [], reward=reward)
+        assert f"**Reward**\n\n```yaml\n{block}\n```" in card and "\n..." not in card
+        assert yaml.safe_load(block) == {"reward": reward}

@@ -170,3 +170,12 @@ def test_post_training_a_chat_model_feeds_it_exactly_the_templates_rendering(cha
     trained = [t.prompt_ids for t in trajs if t.sample.id not in {s.id for s in trainer.source.heldout}]
     assert trained and all(embedded(seen[True], ids, pads) for ids in trained)  # the update's forward embedded the same prompt ids
     assert_learned(result.run_dir, folder)
+    # samples.jsonl and the report show what the model saw, the template's rendering, beside the message list
+    import html
+
+    dumps = [json.loads(line) for line in (result.run_dir / "samples.jsonl").read_text().splitlines()]
+    page = (result.run_dir / "report.html").read_text()
+    for d in dumps:
+        conv = [{"role": "system", "content": SYSTEM}, *[m for m in d["prompt"] if m["role"] != "system"]]
+        assert d["prompt"] == conv and d["prompt_text"] == tok.decode(rendered(tok, conv, **kwargs))
+    assert html.escape(dumps[-1]["prompt_text"]) in page and "[{&#x27;role&#x27;" not in page

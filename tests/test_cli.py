@@ -50,3 +50,119 @@ def test_eval_json_on_bundled_model():
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["n"] == 20 and 0.0 <= out["accuracy"] <= 1.0 and 0.0 <= out["pass@2"] <= 1.0 and out["mean_length"] > 0
+
+
+# ---------------------------------------------------------------- data settings that would be silently ignored
+
+
+def one_line(e) -> str:
+    """The message of a user mistake raised in-process: one line, as the command prints it after `assay: error:`."""
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["data.path=d.jsonl", "data.task=countdown"], "invalid config value data.task='countdown': data.path='d.jsonl' is the training data"),
+    (["data.path=d.jsonl", "data.task_args={terms: 3}"], "task arguments apply to a built-in task"),
+    (["data.format=gsm8k"], "invalid config value data.format='gsm8k': it applies to a data file"),
+    (["data.eval_path=held.jsonl"], "invalid config value data.eval_path='held.jsonl'"),
+    (["data.fields={answer: a}"], "invalid config value data.fields={'answer': 'a'}"),
+])
+def test_data_settings_that_would_be_ignored_are_one_line(overrides, needle):
+    from assay.config import load_config
+    from assay.errors import AssayError
+
+    with pytest.raises(AssayError) as e:
+        load_config(None, overrides)
+    assert needle in one_line(e)
+
+
+def test_eval_settings_that_would_be_ignored_are_one_line():
+    from assay.errors import AssayError
+    from assay.eval.run import evaluate_model
+
+    for kwargs, needle in (({"fields": {"answer": "a"}}, "--fields applies to a data file"), ({"chat": True}, "--chat applies"),
+                           ({"format": "gsm8k", "task": "countdown"}, "--format applies to a data file, and --data is not given")):
+        with pytest.raises(AssayError) as e:
+            evaluate_model(**kwargs)
+        assert needle in one_line(e)
+    one_line_error(assay("eval", "--format", "gsm8k"), "--format applies to a data file, and --data is not given")  # and through the command
+
+
+def test_one_completion_per_prompt_with_a_group_relative_estimator_is_one_line(tmp_path):
+    """GRPO with rollout.group_size=1 trained nothing (every advantage 0, actor/skipped_frac 1.0); it is refused before any
+    folder or model, naming the estimators that need groups; an estimator that needs none (REINFORCE++) is let through."""
+    from assay.api import train
+    from assay.errors import AssayError
+    from assay.training.rl import check_group_size
+
+    for advantage, needle in (("grpo", "rollout.group_size=1 with algo.advantage=grpo"),
+                              ("rloo", "the ones that do: dr_grpo, frpo, gdpo, grpo, papo, passk, pure, ")):
+        with pytest.raises(AssayError) as e:
+            train(None, f"output_dir={tmp_path}", "rollout.group_size=1", f"algo.advantage={advantage}")
+        assert needle in one_line(e)
+    assert not any(tmp_path.iterdir())  # refused before any run folder
+    for advantage in ("reinforce_pp", "remax", "gae", "grpo_process"):
+        check_group_size(advantage, 1)
+
+
+def test_a_field_mapped_to_a_missing_column_is_one_line(tmp_path):
+    from assay.config import DataConfig
+    from assay.data.datasets import build_source
+    from assay.errors import AssayError
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10)))
+    for fields, needle in (({"prompt": "question", "answer": "solution"}, "d.jsonl: row 1 has no answer column 'solution'"),
+                           ({"prompt": "question", "answr": "answer"}, "unknown field mapping key 'answr'; allowed: prompt, answer, id"),
+                           ({"prompt": "question", "id": "uid"}, "row 1 has no id column 'uid'")):
+        with pytest.raises(AssayError) as e:
+            build_source(DataConfig(path=str(data), fields=fields), 0, 5)
+        assert needle in one_line(e)
+    assert build_source(DataConfig(path=str(data), fields={"prompt": "question"}), 0, 5).heldout[0].answer is not None
+
+
+def test_a_data_file_names_the_run_and_nested_columns_are_read(tmp_path, tiny_model_dir):
+    """verl's parquet layout (the reference in `reward_model.ground_truth`), with data.task left at its default: the
+    run trains on the file and says so (folder, summary, report), never "task: arithmetic"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from assay.config import DataConfig
+    from assay.data.datasets import build_source
+
+    rows = [{"data_source": "mine", "prompt": f"{i}+{i}=", "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+             "extra_info": {"index": i}} for i in range(40)]
+    data = tmp_path / "verl-train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    fields = "{answer: reward_model.ground_truth, id: extra_info.index}"
+    source = build_source(DataConfig(path=str(data), fields={"answer": "reward_model.ground_truth", "id": "extra_info.index"}), 0, 10)
+    assert all(s.answer == str(2 * int(s.id)) and s.prompt == f"{s.id}+{s.id}=" for s in [*source.heldout, *source._rows])
+    p = assay("train", f"model.path={tiny_model_dir}", f"data.path={data}", f"data.fields={fields}", "reward=arithmetic",
+              f"output_dir={tmp_path / 'runs'}", "train.steps=1", "train.eval_n=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
+              "rollout.max_new_tokens=3", "reward_workers=0", "train.threads=1", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("verl-train-") and f"data: {data}" in p.stderr and "task:" not in p.stderr
+    page = (run / "report.html").read_text()
+    assert f"<tr><th>data</th><td>{data}</td></tr>" in page and "<th>task</th>" not in page and "task: null" in page
+
+
+def test_small_output_mistakes(tmp_path):
+    """A YAML error names its line and column; `--k 0` gives no `pass@0: None`."""
+    from assay.api import evaluate
+    from assay.cli import _yaml_arg
+    from assay.config import read_yaml_mapping
+    from assay.errors import AssayError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: 3\n data: x\n")
+    with pytest.raises(AssayError) as e:
+        read_yaml_mapping(str(bad))
+    assert f"config file {str(bad)!r} is not valid YAML: line 3, column 2: " in one_line(e)
+    with pytest.raises(AssayError) as e:
+        _yaml_arg("{terms: 3", "--task-args")
+    assert "line 1, column 10: expected ',' or '}'" in one_line(e)
+    out = evaluate("tiny-arith", n=5, k=0, workers=0)
+    assert "pass@0" not in out and {"accuracy", "n", "mean_length"} <= set(out)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from _sandbox import require_sandbox, slot_leftovers
+from _sandbox import describe, require_sandbox, slot_leftovers
 from assay.rewards.base import REWARDS
 from assay.rewards.code import CodeReward, extract_code
 from assay.types import Sample, Trajectory
@@ -61,7 +61,7 @@ def assert_host_unharmed(reward: CodeReward) -> None:
     deadline = time.monotonic() + 3
     while slot_leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert slot_leftovers() == [], "a sandboxed process outlived its run"
+    assert not (left := slot_leftovers()), f"a sandboxed process outlived its run: {describe(left)}"
     assert reward([traj(fenced(HONEST), ADD_STDIO)])[0].score == 1.0, "the pool no longer scores honest code"
 
 

@@ -130,6 +130,28 @@ def test_eval_a_run_on_its_own_held_out_data(tiny_model_dir, tmp_path):
     assert 0.0 <= out["accuracy"] <= 1.0 and 0.0 <= out["pass@2"] <= 1.0
 
 
+def test_a_learned_reward_is_a_mean_beside_the_verified_accuracy(bundled, tmp_path):
+    """A reward model's scores are no verdicts: `assay eval --reward rm` reports their mean, and accuracy and pass@k
+    from the task's own verifier (the same figures as `--reward arithmetic`), never "scores ≥ 1" as accuracy."""
+    from assay.rm.model import build_rm, save_rm
+
+    model, tok = build_rm("tiny-arith", seed=1)
+    with torch.no_grad():
+        model.score.weight.mul_(1e3)  # scores far from 0/1, so "≥ 1" would be a number unrelated to right answers
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
+    from assay.api import evaluate as evaluate_api
+
+    rm = f"{{name: rm, args: {{path: {tmp_path / 'rm'}}}}}"
+    out = evaluate_api(n=20, k=2, workers=0, reward=rm)
+    checked = evaluate_api(n=20, k=2, workers=0, reward="arithmetic")
+    assert out["verifier"] == "arithmetic" and out["accuracy"] == checked["accuracy"] and out["pass@2"] == checked["pass@2"]
+    assert isinstance(out["mean_reward"], float) and "mean_reward" not in checked
+    nothing_checks = tmp_path / "plain.jsonl"  # data with no verifier of its own: the mean alone
+    nothing_checks.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in make_task("arithmetic").heldout(5)))
+    alone = _assay("eval", "--n", "5", "--k", "2", "--json", "--workers", "0", "--data", str(nothing_checks), "--reward", rm)
+    assert "accuracy" not in alone and "pass@2" not in alone and alone["verifier"] is None and isinstance(alone["mean_reward"], float)
+
+
 CALC = "{parts: [{task: arithmetic, args: {min_value: 1000, max_value: 9999, ops: '+'}}, {task: arithmetic, args: {min_value: 10, max_value: 99, ops: '*'}}]}"
 
 

@@ -12,10 +12,11 @@ import os
 import secrets
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from _sandbox import require_sandbox, slot_leftovers
+from _sandbox import descendants, describe, require_sandbox, slot_leftovers
 from assay.sandbox import Job, Limits, SandboxPool, language
 
 
@@ -112,7 +113,7 @@ def test_programs_run_by_the_same_server_share_nothing(pool):
     assert run(pool, POISON) == "poisoned\n"
     after = run(pool, PROBE)
     assert after == before
-    assert slot_leftovers() == []
+    assert not (left := slot_leftovers()), describe(left)
 
 
 def test_a_program_cannot_read_an_earlier_program_from_its_memory(pool):
@@ -158,7 +159,36 @@ def test_a_dead_or_stopped_server_is_replaced_and_the_next_program_is_scored(poo
         os.kill(pid, sig)
         assert run(pool, "print(input())", "still scored", cpu_s=0.5) == "still scored\n"
         assert server_pid(pool) != pid
-    assert slot_leftovers() == []
+    assert not (left := slot_leftovers()), describe(left)
+
+
+OUTSIDER = """
+from assay.sandbox import Job, Limits, SandboxPool, language
+SandboxPool(workers=1, fork_server=True).run([Job(language("python"), "import time\\ntime.sleep(60)", "stdio", [{"input": ""}],
+                                                 limits=Limits(cpu_s=1, wall_s=90))])
+"""
+
+
+def test_another_processs_sandbox_is_no_leftover_of_ours(pool):
+    """A shared machine: another process (not ours: re-parented away, in its own session) runs a sandboxed program under
+    the same slot uids. The machine-wide scan sees it; the leftover check, scoped to this process's sandboxes, does not."""
+    import subprocess
+    import sys
+
+    run(pool, "print('warm-up')")
+    src = str(Path(__file__).parents[1] / "src")
+    started = subprocess.run(["sh", "-c", f"PYTHONPATH={src} setsid {sys.executable} -c '{OUTSIDER}' >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    outsider = int(started)
+    try:
+        deadline = time.monotonic() + 60
+        while not (theirs := [p for p in slot_leftovers(root=1) if p not in descendants(os.getpid())]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert theirs, "the outsider's sandboxed program never showed up"
+        assert slot_leftovers() == []  # ours: none, while theirs runs
+        assert run(pool, "print('ours')") == "ours\n" and slot_leftovers() == []
+    finally:
+        os.killpg(outsider, signal.SIGKILL)
 
 
 def test_a_tainted_server_is_replaced_after_the_program_it_ran(pool):
@@ -189,4 +219,4 @@ def test_the_worker_waits_for_cleanup_before_the_next_program(pool):
     deadline = time.monotonic() + 2
     while slot_leftovers() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert slot_leftovers() == []
+    assert not (left := slot_leftovers()), describe(left)

@@ -149,6 +149,33 @@ def test_chat_without_a_template_is_a_clear_400():
     assert e.value.status == 400
 
 
+def test_serve_model_chat_adds_the_generation_prompt(tmp_path):
+    """`/v1/chat/completions` renders messages with the template's generation prompt: through a ChatML template that honours
+    `add_generation_prompt` (the fixture above ignores it), the prompt is the template's rendering *with* the assistant header."""
+    from transformers import AutoTokenizer
+
+    from assay.models import build_tiny_model, quiet_hf
+    from assay.models.chat import build_chat_tokenizer, stop_token_ids
+
+    quiet_hf()
+    tok = build_chat_tokenizer("chatml")
+    build_tiny_model(tok, hidden=32, layers=2, heads=2, intermediate=64, eos_ids=stop_token_ids(tok, "chatml")).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    messages = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 3 + 4?"}]
+    with_header = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    without = tok.apply_chat_template(messages, add_generation_prompt=False, tokenize=True, return_dict=True)["input_ids"]
+    assert len(with_header) > len(without)  # the template honours the flag
+    server = Proc([sys.executable, "-m", "assay.cli", "serve", "model", str(tmp_path), "--port", "0", "--max-new-tokens", "4"], "serving model")
+    try:
+        status, body = server.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "temperature": 0})
+        assert status == 200 and body["usage"]["prompt_tokens"] == len(with_header), body
+        status, body = server.post("/v1/completions", {"prompt": list(with_header), "max_tokens": 2, "temperature": 0})
+        assert status == 200 and body["usage"]["prompt_tokens"] == len(with_header)
+    finally:
+        assert server.stop() == 0
+
+
 # ---------------------------------------------------------------- modes through the real model
 
 

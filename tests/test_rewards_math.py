@@ -103,6 +103,38 @@ def test_unparseable_gold_is_none(math_reward, gold):
     assert math_reward.score(traj(r"\boxed{1}", gold)).score is None
 
 
+# references as datasets store them: JSON-escaped LaTeX (every backslash doubled), a box its author left open
+AS_MEANT = [
+    (r"Thus $(p,q) = \boxed{\left( \frac{1}{5}, \frac{1}{6} \right)}.$", r"$\\left(\\frac{1}{5},\\frac{1}{6}\\right)$", 1.0),
+    (r"\boxed{\left( \frac{1}{5}, \frac{1}{7} \right)}", r"$\\left(\\frac{1}{5},\\frac{1}{6}\\right)$", 0.0),
+    (r"\boxed{\sqrt{2}}", r"\\sqrt{2}", 1.0),
+    (r"\boxed{\{1, 2\}}", r"\\{1, 2\\}", 1.0),
+    (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", 1.0),
+    (r"\boxed{\frac{1}{2}}", r"\boxed{\frac{1}{2}", 1.0),
+    (r"\boxed{\frac{1}{3}}", r"\boxed{\frac{1}{2}$.", 0.0),
+    (r"\boxed{1, -1}", r"\\boxed{W(n) = 1 \\text{ and } W(n) = -1", 1.0),
+    (r"\boxed{7}", r"the answer is \boxed{3} and \boxed{7", 0.0),  # two parts: 3 and 7
+    (r"\boxed{3, 7}", r"the answer is \boxed{3} and \boxed{7", 1.0),
+]
+
+
+@pytest.mark.parametrize("completion,gold,want", AS_MEANT)
+def test_references_read_as_their_authors_meant(math_reward, completion, gold, want):
+    r = math_reward.score(traj(completion, gold))
+    assert r.score == want, r.info
+
+
+@pytest.mark.parametrize("gold", [r"\boxed{\frac{1}{2", r"\boxed{(1, 2", r"1 \\ 2"])
+def test_ambiguous_references_stay_unscored(math_reward, gold):
+    """A box left open whose own braces do not balance is a guess; a LaTeX line break alone is no doubling."""
+    assert math_reward.score(traj(r"\boxed{1}", gold)).score is None
+
+
+def test_an_open_box_in_a_completion_is_no_answer(math_reward):
+    """A completion cut off inside its box is not repaired: only a reference's open box is read to the end."""
+    assert math_reward.score(traj(r"so \boxed{\frac{1}{2}", r"\frac{1}{2}")).score == 0.0
+
+
 def test_no_box_zero_mode():
     assert MathReward(no_box="zero").score(traj("Answer: 3", "3")).info["reason"] == "no_box"
     assert MathReward(no_box="zero").score(traj(r"\boxed{3}", "3")).score == 1.0

@@ -193,9 +193,8 @@ def test_save_reload_gives_the_same_scores(tmp_path, tiny_model_dir):
     again, tok2, meta = load_rm(tmp_path / "rm")
     assert score_texts(again, Encoder(tok2, meta["max_length"]), items) == before
     plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")  # as any other tool loads it
-    ids = tok2("1+2=3", return_tensors="pt")["input_ids"]
-    ids = torch.cat([ids, torch.tensor([[tok2.eos_token_id]])], 1)
-    assert plain(input_ids=ids).logits[0, 0].item() == pytest.approx(before[0], abs=1e-5)
+    ids = tok2("1+2=3", return_tensors="pt")["input_ids"]  # the saved tokenizer appends the EOS training appended
+    assert ids[0, -1].item() == tok2.eos_token_id and plain(input_ids=ids).logits[0, 0].item() == pytest.approx(before[0], abs=1e-5)
     # the same head for the same seed, another for another
     assert torch.equal(build_rm(str(tiny_model_dir), seed=3)[0].score.weight, model.score.weight)
     assert not torch.equal(build_rm(str(tiny_model_dir), seed=4)[0].score.weight, model.score.weight)
@@ -241,6 +240,32 @@ def test_resume_is_exact(tmp_path, tiny_model_dir):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(AssayError, match="cannot change when a run is resumed"):
         train_rm(resume=cut, overrides=["optim.lr=1"])
+
+
+def test_threads_follow_the_cores_other_processes_leave_free(tmp_path, tiny_model_dir, monkeypatch):
+    """`train.threads=0` (the default) re-reads the load before every step, as `assay train` does: with one of two cores
+    taken by someone else the steps run on one thread (fed synthetic /proc readings); `train.threads=N` keeps N."""
+    from assay import threads
+    from assay.threads import ThreadGovernor
+
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    clock = {"t": 0.0, "machine": 0.0, "tree": 0.0}
+
+    def busy_elsewhere(self):  # each reading: one more second in which another process kept one core busy
+        clock["t"] += 1.0
+        clock["machine"] += 1.0
+        return clock["t"], clock["machine"], clock["tree"]
+
+    monkeypatch.setattr(ThreadGovernor, "_sample", busy_elsewhere)
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    before = torch.get_num_threads()
+    try:
+        for fixed, want in (("0", [2, 1, 1, 1]), ("2", [2, 2, 2, 2])):
+            args = [a for a in rm_args(tmp_path, tiny_model_dir, data, f"t{fixed}", "train.steps=4") if not a.startswith("train.threads")]
+            result = train_rm(load_rm_config(None, [*args, f"train.threads={fixed}"]))
+            assert [r["rm/threads"] for r in read_metrics(result.run_dir / "metrics.jsonl") if "rm/threads" in r] == want
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_time_limit_ends_the_run_cleanly(tmp_path, tiny_model_dir):
@@ -321,7 +346,7 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     assert all(in_heldout(r["prompt"], 0.2) for r in held)
 
     p = assay("rm", "train", f"model={tiny_model_dir}", f"data.path={train_file}", f"data.eval_path={held_file}", f"output_dir={tmp_path}",
-              "run_name=cli", "train.steps=4", "train.batch_size=8", "train.threads=1", "--no-progress")
+              "run_name=cli", "train.steps=4", "train.batch_size=8", "train.threads=1", "data.max_length=32", "--no-progress")
     assert p.returncode == 0, p.stderr
     assert "eval/pair_accuracy/longer" in p.stderr and (tmp_path / "cli" / "final" / "model.safetensors").is_file()
     p = assay("rm", "train", "--resume", str(tmp_path / "cli"), "train.steps=5", "--no-progress")  # one more step
@@ -334,6 +359,7 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     last = read_metrics(tmp_path / "cli" / "metrics.jsonl")[-1]
     assert out["pair_accuracy"] == last["eval/pair_accuracy"]  # the saved model scores as the trained one did
     assert sum(b["pairs"] for b in out["calibration"]) == 60 and out["calibration_ece"] == pytest.approx(last["eval/calibration_ece"])
+    plain_transformers_score_as_assay(tmp_path / "cli" / "final", held, out["pair_accuracy"])
     p = assay("rm", "eval", "--path", str(tmp_path / "cli"), "--data", str(held_file), "--plot", str(tmp_path / "cal.png"))
     assert p.returncode == 0 and (tmp_path / "cal.png").read_bytes()[:4] == b"\x89PNG" and "calibration_ece" in p.stdout
     rb2 = write_jsonl(tmp_path / "rb2.jsonl", [{"id": str(i), "prompt": "3+4=", "chosen": ["7"], "rejected": ["8", "17", "6"], "subset": "Math"}
@@ -350,6 +376,41 @@ def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     rl = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "reward/mean" in r]
     assert len(rl) >= 2 and all(r["reward/count"] == 4 and r["reward/failures"] == 0 and r["reward/none"] == 0 for r in rl)
     assert all("reward/verifier_disagreement" in r and 0.0 <= r["reward/verifier/mean"] <= 1.0 for r in rl)
+    # a reward model's score is no verdict: no sampled "accuracy" of it; held-out accuracy is the task's verifier's, the rm's mean beside it
+    rows = read_metrics(tmp_path / "rl" / "metrics.jsonl")
+    evals = [r for r in rows if "eval/mean_length" in r]
+    assert not any("train/accuracy" in r for r in rows) and evals and all("eval/accuracy" in r and "eval/mean_reward" in r for r in evals)
+    assert "held-out accuracy at end: " in p.stderr and "held-out mean reward at end: " in p.stderr
+    verified = json.loads(assay("eval", "--model", str(tmp_path / "rl" / "final"), "--n", "4", "--k", "0", "--max-new-tokens", "4",
+                                "--workers", "0", "--json").stdout)
+    assert evals[-1]["eval/accuracy"] == verified["accuracy"]
+
+
+def plain_transformers_score_as_assay(final, rows, pair_accuracy):
+    """The obvious call on a saved reward model — `AutoTokenizer` + `AutoModelForSequenceClassification` on
+    `tok(prompt + response)`, and `pipeline("text-classification")` — gives the `rm` reward's scores and
+    `assay rm eval`'s pairwise accuracy on the same text."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    from assay.rewards.spec import build_reward
+    from assay.types import Sample, Trajectory
+
+    tok = AutoTokenizer.from_pretrained(final)
+    model = AutoModelForSequenceClassification.from_pretrained(final).eval()
+    texts = [(r["prompt"], r[side]) for r in rows for side in ("chosen", "rejected")]
+    with torch.no_grad():
+        plain = [model(**tok(p + c, return_tensors="pt")).logits[0, 0].item() for p, c in texts]
+    piped = [x["score"] for x in pipeline("text-classification", model=str(final))([p + c for p, c in texts])]
+    reward = build_reward({"name": "rm", "args": {"path": str(final)}})
+    ours = [r.score for r in reward([Trajectory(Sample(str(i), p, None), c, [], [], [], True) for i, (p, c) in enumerate(texts)])]
+    assert plain == pytest.approx(ours, abs=1e-5) and piped == pytest.approx(ours, abs=1e-5)
+    assert sum(a > b for a, b in zip(plain[::2], plain[1::2])) / len(rows) == pair_accuracy
+    # and a text longer than max_length, cut from the left under truncation=True as assay cuts it
+    long_prompt = "1+" * 40 + "1="
+    cut = tok(long_prompt + "41", truncation=True)["input_ids"]
+    assert len(cut) == json.loads((final / "assay_rm.json").read_text())["max_length"] and cut[-1] == tok.eos_token_id
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([cut])).logits[0, 0].item() == pytest.approx(reward([Trajectory(Sample("l", long_prompt, None), "41", [], [], [], True)])[0].score, abs=1e-5)
 
 
 def test_docstring_examples():
@@ -358,3 +419,65 @@ def test_docstring_examples():
     import assay.rm.losses
 
     assert doctest.testmod(assay.rm.losses).failed == 0
+
+
+def test_a_model_reward_is_scored_in_batches_in_the_callers_process(tmp_path, tiny_model_dir):
+    """`rm` declares kind = "batch": with the default reward workers (as `assay eval --best-of` and `assay reward score`
+    use them) the executor starts no worker process and the model scores the batch in forwards of `batch_size`, alone
+    or inside a composition; the scores are those of workers=0."""
+    from assay.rewards.executor import RewardExecutor
+    from assay.rewards.spec import build_reward
+    from assay.rm.reward import loaded
+    from assay.types import Sample, Trajectory
+
+    model, tok = build_rm(str(tiny_model_dir), seed=2)
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 64})
+    batch = [Trajectory(Sample(str(i), f"{i}+1=", str(i + 1)), str(i + d), [], [], [], True) for i in range(10) for d in (0, 1)]
+    spec = {"name": "rm", "args": {"path": str(tmp_path / "rm"), "batch_size": 8}}
+    with RewardExecutor(build_reward(spec), workers=0) as inline:
+        want = [r.score for r in inline.score(batch)]
+    rm_model, _ = loaded(str(tmp_path / "rm"), "cpu")
+    forwards = []
+    rm_model.register_forward_hook(lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    for reward in (build_reward(spec), build_reward({"name": "weighted", "args": {"components": {"rm": spec, "ok": "arithmetic"}}})):
+        forwards.clear()
+        with RewardExecutor(reward, workers=2) as ex:
+            got = ex.score(batch)
+            assert ex._pool is None  # no worker process was started
+        assert forwards == [8, 8, 4]
+        scores = [r.components.get("rm", r.score) for r in got]
+        assert scores == pytest.approx(want, abs=1e-6)
+
+
+def test_a_conversation_is_scored_through_the_template_with_its_generation_prompt(tmp_path):
+    """`rm` and `prm` render a conversational prompt with the reward model's chat template and its generation prompt: with
+    a ChatML template that honours `add_generation_prompt`, the scored ids are the rendering with the assistant header,
+    then the response (and, for `rm`, EOS) — and the saved model scores that text the same under plain transformers."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from assay.models import build_tiny_model, quiet_hf
+    from assay.models.chat import build_chat_tokenizer
+    from assay.rewards.spec import build_reward
+    from assay.rm.prm import StepEncoder
+    from assay.types import Sample, Trajectory
+
+    quiet_hf()
+    tok = build_chat_tokenizer("chatml")
+    lm = tmp_path / "lm"
+    build_tiny_model(tok, hidden=32, layers=2, heads=2, intermediate=64).save_pretrained(lm)
+    tok.save_pretrained(lm)
+    model, tok = build_rm(str(lm), seed=1)
+    conv = [{"role": "user", "content": "What is 3 + 4?"}]
+    header = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+    assert header != tok.apply_chat_template(conv, add_generation_prompt=False, tokenize=False)  # the template honours the flag
+    ids, _ = Encoder(tok, 128).ids(conv, "7")
+    assert ids == tok(header + "7", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    step_ids, ends = StepEncoder(tok, 128).ids(conv, ["7"])
+    assert step_ids == tok(header, add_special_tokens=False)["input_ids"] + tok("7", add_special_tokens=False)["input_ids"]
+    save_rm(tmp_path / "rm", model, tok, {"max_length": 128})
+    reward = build_reward({"name": "rm", "args": {"path": str(tmp_path / "rm")}})
+    ours = reward([Trajectory(Sample("0", conv, None), "7", [], [], [], True)])[0].score
+    plain_tok = AutoTokenizer.from_pretrained(tmp_path / "rm")
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
+    with torch.no_grad():
+        assert plain(**plain_tok(header + "7", return_tensors="pt")).logits[0, 0].item() == pytest.approx(ours, abs=1e-5)

@@ -65,6 +65,36 @@ def test_a_run_with_signal_does_not_warn(tiny_model_dir, tmp_path):
     assert "Warnings" not in (d / "report.html").read_text()
 
 
+def test_completions_cut_off_by_the_length_limit_warn_once_on_a_data_file(tmp_path):
+    """The default rollout.max_new_tokens (6) fits the bundled task, not a user's data: when most of a step's completions
+    stop at the limit, the run says so once (bar, metrics row, report); when they end with EOS it says nothing."""
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a + 3}=", "answer": str(2 * a + 3)}) + "\n" for a in range(10, 60)))
+    base = [f"output_dir={tmp_path}", f"data.path={data}", "reward=arithmetic", "train.steps=3", "train.eval_n=4", "train.eval_every=0",
+            "train.save_every=0", "reward_workers=0", "rollout.prompts_per_step=3", "rollout.group_size=2", "train.threads=1"]
+    cut = Trainer(load_config(None, [*base, "run_name=cut", "rollout.max_new_tokens=2"])).fit(progress=False).run_dir
+    warned = [r for r in read_metrics(cut / "metrics.jsonl") if "warning" in r]
+    assert [r["step"] for r in warned] == [1] and "completions stopped at rollout.max_new_tokens=2 before EOS" in warned[0]["warning"]
+    assert "rollout.max_new_tokens=2 before EOS" in (cut / "report.html").read_text()
+    fits = Trainer(load_config(None, [*base, "run_name=fits"])).fit(progress=False).run_dir
+    assert not any("warning" in r for r in read_metrics(fits / "metrics.jsonl"))
+
+
+def test_the_report_is_one_self_contained_page(tiny_model_dir, tmp_path):
+    """report.html carries its plots inside it: moved or mailed alone, it still shows them."""
+    import base64
+    import re
+    import shutil
+
+    d = Trainer(cfg(tiny_model_dir, tmp_path, "page", LEARNING_SIGNAL, "train.steps=2")).fit(progress=False).run_dir
+    alone = tmp_path / "elsewhere"
+    alone.mkdir()
+    shutil.copy(d / "report.html", alone)
+    srcs = re.findall(r'<img src="([^"]+)"', (alone / "report.html").read_text())
+    assert len(srcs) == 2 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert {base64.b64decode(s.split(",", 1)[1]) for s in srcs} == {(d / n).read_bytes() for n in ("reward.png", "heldout_accuracy.png")}
+
+
 def test_over_long_prompts_error_drop_or_truncate(tiny_model_dir, tmp_path, caplog):
     data = tmp_path / "long.jsonl"  # the tiny model takes 256 positions
     rows = [{"prompt": "1+" * 1500 + "1=", "answer": "1501"}] + [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(30)]

@@ -57,7 +57,8 @@ def _progress(progress: bool | None) -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)()) and "ipykernel" not in sys.modules
 
 
-def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None = None, progress: bool | None = None) -> "RunResult":
+def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None = None, restart: str | Path | None = None,
+          progress: bool | None = None) -> "RunResult":
     """Run RL training; returns the run folder and its final figures.
 
     Args:
@@ -67,7 +68,12 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         resume: a run folder to continue from its newest checkpoint with its own config
             (`overrides` may then change only `train.steps`, the cadences, threads, workers,
             trackers); `config` must be None.
+        restart: the folder of a run that stopped before its first checkpoint: the run starts
+            again from the beginning in it, with its own `config.yaml` plus `overrides`;
+            `config` must be None.
         progress: the live progress bar (None: only when stderr is a terminal).
+    A run without `run_name` gets a folder named after its YAML file (else its task or data
+    file) and the time, so the same file can be run again.
     Returns:
         `RunResult`: `run_dir`, `final` (the summary figures), `model` (the `final/` folder),
         `metrics()` (the rows of `metrics.jsonl`).
@@ -78,12 +84,24 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
     """
     from assay.training.interrupt import Preempted
     from assay.training.rl import RunResult, Trainer
-    from assay.training.runs import resume_config
+    from assay.training.runs import clear_outputs, restart_data, resume_config, stamped
 
-    if resume is not None and config is not None:
-        raise AssayError("resume continues the run with its own config; give only overrides (train.steps=...), not a config")
-    cfg = resume_config(resume, list(overrides)) if resume is not None else run_config(config, overrides)
-    trainer = Trainer(cfg, run_dir=resume, resume=resume is not None)
+    if resume is not None and restart is not None:
+        raise AssayError("give one of resume (continue from the newest checkpoint) and restart (start again from the beginning)")
+    if (resume is not None or restart is not None) and config is not None:
+        raise AssayError(f"{'resume' if resume is not None else 'restart'} runs the folder's own config; give only overrides "
+                         "(train.steps=...), not a config")
+    folder: str | Path | None = resume
+    if resume is not None:
+        cfg = resume_config(resume, list(overrides))
+    elif restart is not None:
+        cfg, folder = run_config(restart_data(restart, list(overrides))), restart
+        clear_outputs(restart)
+    else:
+        cfg = run_config(config, overrides)
+        if isinstance(config, (str, Path)) and cfg.run_name is None:
+            folder = Path(cfg.output_dir) / stamped(Path(config).stem, cfg.output_dir)
+    trainer = Trainer(cfg, run_dir=folder, resume=resume is not None)
     if trainer.finished:
         print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
               "nothing to do (raise train.steps to continue it)", file=sys.stderr)

@@ -29,16 +29,23 @@ def _stopped(e: BaseException, command: str) -> int:
     return code
 
 
+def _check_resume_restart(args: argparse.Namespace, config_path: str | None) -> None:
+    """--resume and --restart run a folder's own config: neither goes with a config file, nor with the other."""
+    if args.resume and args.restart:
+        raise AssayError("give one of --resume (continue from the newest checkpoint) and --restart (start again from the beginning)")
+    flag = "--resume" if args.resume else "--restart" if args.restart else None
+    if flag and config_path:
+        raise AssayError(f"{flag} runs the folder's own config; drop {config_path!r} (give overrides as key=value)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from assay.api import train
     from assay.training.interrupt import Preempted
 
     config_path, overrides = split_train_args(args.args)
-    if args.resume and config_path:
-        raise AssayError(f"--resume continues the run with its own config; drop {config_path!r} (overrides allowed: "
-                         "train.steps, eval/save cadence, threads)")
+    _check_resume_restart(args, config_path)
     try:
-        result = train(config_path, *overrides, resume=args.resume, progress=not args.no_progress)
+        result = train(config_path, *overrides, resume=args.resume, restart=args.restart, progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
         return _stopped(e, "assay train")
     for k, v in result.final.items():
@@ -51,12 +58,14 @@ def _yaml_arg(text: str | None, name: str) -> Any:
     """A JSON or YAML value given on the command line (`--task-args '{terms: 3}'`)."""
     import yaml
 
+    from assay.config import yaml_problem
+
     if text is None:
         return None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise AssayError(f"{name}: {text!r} is not valid YAML or JSON: {str(e).splitlines()[0]}") from None
+        raise AssayError(f"{name}: {text!r} is not valid YAML or JSON: {yaml_problem(e)}") from None
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -186,11 +195,10 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
     from assay.training.interrupt import Preempted
 
     config_path, overrides = split_train_args(args.args)
-    if args.resume and config_path:
-        raise AssayError(f"--resume continues the run with its own config; drop {config_path!r}")
+    _check_resume_restart(args, config_path)
     try:
-        if args.resume:
-            result = train_rm(resume=args.resume, overrides=overrides, progress=not args.no_progress)
+        if args.resume or args.restart:
+            result = train_rm(resume=args.resume, restart=args.restart, overrides=overrides, progress=not args.no_progress)
         else:
             result = train_rm(load_rm_config(config_path, overrides), progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
@@ -279,6 +287,8 @@ def _rm_parser(sub) -> None:
                    help="a YAML config file (optional) and dotted overrides, for example data.path=pairs.jsonl train.steps=500 loss.margin=0.5")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint (overrides may change train.steps, "
                    "eval/save cadence, threads)")
+    t.add_argument("--restart", metavar="RUN_DIR", help="start the run in RUN_DIR again from the beginning with its config.yaml "
+                   "(a run that stopped before its first checkpoint)")
     t.add_argument("--no-progress", action="store_true", help="no live progress bar")
     t.set_defaults(fn=cmd_rm_train)
     p = rsub.add_parser("pairs", help="preference pairs from a built-in task: chosen verified correct, rejected verified wrong")
@@ -364,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a YAML config file (optional) and dotted overrides, in any order, for example train.steps=100 algo.advantage=rloo")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with the run's own config "
                    "(overrides may change train.steps, eval/save cadence, threads)")
+    t.add_argument("--restart", metavar="RUN_DIR", help="start the run in RUN_DIR again from the beginning with its config.yaml "
+                   "(a run that stopped before its first checkpoint) and any overrides")
     t.add_argument("--no-progress", action="store_true", help="no live progress bar")
     t.set_defaults(fn=cmd_train)
 

@@ -40,9 +40,13 @@ class ModelConfig(Section):
     it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
 
 
+DEFAULT_TASK = "arithmetic"
+
+
 class DataConfig(Section):
-    task: str | None = "arithmetic"
-    """A built-in task (`arithmetic`, `countdown`, `sql-agent`, `code-fix`); set to null to train on `path`."""
+    task: str | None = DEFAULT_TASK
+    """A built-in task (`arithmetic`, `countdown`, `sql-agent`, `code-fix`). With `path` the file is the
+    data and the task is null (the default task gives way; naming another task as well is an error)."""
     task_args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the built-in task, for example `{terms: 3, ops: "+-"}`."""
     path: str | None = None
@@ -70,6 +74,28 @@ class DataConfig(Section):
     """A prompt longer than the model's context less `rollout.max_new_tokens`: `error` (one
     line naming it), `drop` it (with a count), or `truncate` it from the left."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _file_or_task(cls, data: Any) -> Any:
+        """`path` and `task` both name the training data: the default task gives way to a file; another task, its
+        `task_args`, or the settings of a file without one are mistakes, one line each."""
+        if not isinstance(data, dict):
+            return data
+        task = data.get("task", DEFAULT_TASK)
+        if data.get("path") is not None:
+            if task not in (None, DEFAULT_TASK):
+                raise ValueError(f"invalid config value data.task={task!r}: data.path={data['path']!r} is the training data; "
+                                 "give one of them (data.task=null trains on the file)")
+            if data.get("task_args"):
+                raise ValueError(f"invalid config value data.task_args={data['task_args']!r}: task arguments apply to a built-in "
+                                 f"task, and data.path={data['path']!r} is the training data")
+            return {**data, "task": None}
+        for key in ("format", "fields", "eval_path"):
+            if data.get(key):
+                raise ValueError(f"invalid config value data.{key}={data[key]!r}: it applies to a data file, and data.path is not set "
+                                 "(set data.path=FILE)")
+        return data
+
 
 class RolloutConfig(Section):
     backend: str = "torch"
@@ -79,9 +105,11 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(16, ge=1)
     """Prompts sampled per training step."""
     group_size: int = Field(8, ge=1)
-    """Completions per prompt (G)."""
+    """Completions per prompt (G). 1 is refused with an estimator that compares a completion with
+    its group (GRPO, RLOO, ...: `declare(groups=True)`), whose advantages would all be 0."""
     max_new_tokens: int = Field(6, ge=1)
-    """Completion length limit in tokens, EOS included."""
+    """Completion length limit in tokens, EOS included. 6 fits the bundled tasks; a run on a data
+    file warns once when most of a step's completions stop at the limit."""
     temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; the trainer scores tokens under the same temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -417,6 +445,15 @@ def explain(err: ValidationError, data: dict[str, Any], root: type[BaseModel] | 
     return f"invalid {what} value {loc}={value!r}: {e['msg']}"
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line with where it is: `line 3, column 7: mapping values are not allowed here`."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
 def read_yaml_mapping(path: str) -> dict[str, Any]:
     """The mapping at the top of a YAML config file; one `AssayError` line for anything else."""
     p = Path(path)
@@ -425,7 +462,7 @@ def read_yaml_mapping(path: str) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise AssayError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise AssayError(f"config file {path!r} is not valid YAML: {yaml_problem(e)}") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise AssayError(f"config file {path!r} must hold a mapping at the top level")
     return loaded or {}

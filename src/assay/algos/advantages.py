@@ -33,18 +33,22 @@ from assay.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 
-def declare(needs: Iterable[str] = (), mixes_groups: bool = False) -> Callable:
+def declare(needs: Iterable[str] = (), mixes_groups: bool = False, groups: bool = False) -> Callable:
     """Decorator that records what an estimator needs from the trainer.
 
     Sets `fn.needs` (a frozenset of extra names, each produced by the provider of that
-    name in `assay.training.extras.EXTRAS`) and `fn.mixes_groups` (True when the estimator
-    normalises across groups, e.g. over the whole batch).
+    name in `assay.training.extras.EXTRAS`), `fn.mixes_groups` (True when the estimator
+    normalises across groups, e.g. over the whole batch) and `fn.groups` (True when a
+    sample's advantage comes from comparing its reward with the rest of its group, so with
+    one sample per group, `rollout.group_size=1`, every advantage is 0 and nothing trains;
+    the config refuses that pairing, and the conformance suite checks the declaration).
     """
     needs = frozenset(needs)
 
     def deco(fn: Callable) -> Callable:
         fn.needs = needs
         fn.mixes_groups = mixes_groups
+        fn.groups = groups
         return fn
 
     return deco
@@ -129,7 +133,7 @@ def _scored(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @ADVANTAGES.register("grpo")
-@declare()
+@declare(groups=True)
 def grpo(rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6, **_) -> torch.Tensor:
     """GRPO: reward minus its group's mean, divided by the group's std.
 
@@ -145,7 +149,7 @@ def grpo(rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, eps: fl
 
 
 @ADVANTAGES.register("dr_grpo")
-@declare()
+@declare(groups=True)
 def dr_grpo(rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     """Dr. GRPO: reward minus its group's mean, with no division by the std.
 
@@ -157,7 +161,7 @@ def dr_grpo(rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, **_)
 
 
 @ADVANTAGES.register("rloo")
-@declare()
+@declare(groups=True)
 def rloo(rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     """RLOO: reward minus the mean of the other samples in its group.
 
@@ -198,7 +202,7 @@ def reinforce_pp(
 
 
 @ADVANTAGES.register("reinforce_pp_baseline")
-@declare(mixes_groups=True)
+@declare(mixes_groups=True, groups=True)
 def reinforce_pp_baseline(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, **_,
 ) -> torch.Tensor:
@@ -234,7 +238,7 @@ def remax(
 
 
 @ADVANTAGES.register("gdpo")
-@declare(needs={"components"}, mixes_groups=True)
+@declare(needs={"components"}, mixes_groups=True, groups=True)
 def gdpo(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, components: torch.Tensor,
     weights: list[float] | torch.Tensor | None = None, batch_norm: bool = True, eps: float = 1e-6, **_,
@@ -270,11 +274,13 @@ def _log_comb(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def _group_indices(group: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor]:
-    return [torch.nonzero((group == g) & valid).flatten() for g in torch.unique(group)]
+    """The indices of each group's valid samples; a group with none (every reward unscored) is left out."""
+    out = [torch.nonzero((group == g) & valid).flatten() for g in torch.unique(group)]
+    return [idx for idx in out if idx.numel()]
 
 
 @ADVANTAGES.register("passk")
-@declare()
+@declare(groups=True)
 def passk(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, k: int = 2, eps: float = 1e-6, **_,
 ) -> torch.Tensor:
@@ -315,7 +321,7 @@ def passk(
 
 
 @ADVANTAGES.register("tailrl")
-@declare()
+@declare(groups=True)
 def tailrl(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor,
     low: float | None = None, high: float | None = None, **_,
@@ -350,7 +356,7 @@ def tailrl(
 
 
 @ADVANTAGES.register("papo")
-@declare(needs={"correct", "components"})
+@declare(needs={"correct", "components"}, groups=True)
 def papo(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor,
     components: torch.Tensor, process: int = -1, eps: float = 1e-6, **_,

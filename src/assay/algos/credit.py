@@ -152,7 +152,7 @@ def _suffix_min(x: torch.Tensor) -> torch.Tensor:
 
 
 @ADVANTAGES.register("pure")
-@declare(needs={"step_rewards", "step_ends"})
+@declare(needs={"step_rewards", "step_ends"}, groups=True)
 def pure(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, step_rewards: torch.Tensor,
     step_ends: torch.Tensor, outcome_coef: float = 0.0, **_,
@@ -205,7 +205,7 @@ def grpo_process(
 
 
 @ADVANTAGES.register("frpo")
-@declare(needs={"logprobs", "ref_logprobs", "kl_coef"})
+@declare(needs={"logprobs", "ref_logprobs", "kl_coef"}, groups=True)
 def frpo(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor, kl_coef: float = 0.01, eps: float = 1e-6, **_,

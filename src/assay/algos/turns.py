@@ -99,7 +99,7 @@ def per_turn_normalise(returns: torch.Tensor, rewards: torch.Tensor, group: torc
 
 
 @ADVANTAGES.register("turn_grpo")
-@declare(needs=TURN_EXTRAS)
+@declare(needs=TURN_EXTRAS, groups=True)
 def turn_grpo(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
     eps: float = 1e-6, **_,
@@ -151,7 +151,7 @@ def progress_deltas(turn_progress: torch.Tensor, n: torch.Tensor, start: float =
 
 
 @ADVANTAGES.register("turn_progress")
-@declare(needs=(*TURN_EXTRAS, "turn_progress"))
+@declare(needs=(*TURN_EXTRAS, "turn_progress"), groups=True)
 def turn_progress(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
     turn_progress: torch.Tensor, progress_coef: float = 1.0, start: float = 0.0, eps: float = 1e-6, **_,
@@ -302,7 +302,7 @@ turn_gae.value_targets = turn_value_targets  # what the `values` extra trains th
 
 
 @ADVANTAGES.register("segment_locked")
-@declare(needs=TURN_EXTRAS)
+@declare(needs=TURN_EXTRAS, groups=True)
 def segment_locked(
     rewards: torch.Tensor, group: torch.Tensor, mask: torch.Tensor, turn_rewards: torch.Tensor, turn_index: torch.Tensor,
     segments: Literal["role", "turn"] = "role", eps: float = 1e-6, **_,

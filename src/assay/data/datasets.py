@@ -81,22 +81,62 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json (gzipped too), .parquet, or a datasets folder")
 
 
+#: what `column` returns for a column a row does not have
+MISSING = object()
+
+
+def column(row: dict[str, Any], name: str) -> Any:
+    """The value of column `name` in `row`, or `MISSING`. A name with dots that is not itself a column is a
+    path into nested objects (and lists, by index): verl's `reward_model.ground_truth`, `extra_info.index`.
+
+        >>> column({"reward_model": {"ground_truth": "72"}}, "reward_model.ground_truth")
+        '72'
+    """
+    if name in row:
+        return row[name]
+    if "." not in name:
+        return MISSING
+    node: Any = row
+    for part in name.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
+def check_field_keys(fields: dict[str, str], allowed: tuple[str, ...], where: str) -> None:
+    """One line for a mapping key that names no field (`data.fields={answr: sol}` would be ignored)."""
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise AssayError(f"{where}: unknown field mapping key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+
+
 def rows_to_samples(rows: list[dict[str, Any]], fields: dict[str, str], source: str) -> list[Sample]:
-    """Map user columns to `Sample`s with `fields` ({prompt: col, answer: col, id: col}).
+    """Map user columns to `Sample`s with `fields` ({prompt: col, answer: col, id: col}; a dotted name reads a
+    nested column, see `column`).
 
     A prompt is a string or a list of `{"role", "content"}` messages; anything else is one
-    line naming the row.
+    line naming the row. A row without its prompt, or without a column that `fields` names
+    (an answer mapped to a column that is not there), is one line naming the row and column;
+    an unmapped `answer` or `id` column may be absent (the answer is then None).
     """
+    check_field_keys(fields, CORE_FIELDS, f"{source}: data.fields")
     names = {k: fields.get(k, k) for k in CORE_FIELDS}
     out = []
     for i, row in enumerate(rows):
-        if names["prompt"] not in row:
-            raise AssayError(f"{source}: row {i + 1} has no prompt column {names['prompt']!r} (map it with data.fields.prompt=COLUMN)")
-        prompt = row[names["prompt"]]
+        values = {k: column(row, n) for k, n in names.items()}
+        for k, v in values.items():
+            if v is MISSING and (k == "prompt" or k in fields):
+                raise AssayError(f"{source}: row {i + 1} has no {k} column {names[k]!r} (map it with data.fields.{k}=COLUMN)")
+        prompt = values["prompt"]
         if not isinstance(prompt, str):
             prompt = check_messages(prompt, f"{source}: row {i + 1}")
         extra = {k: v for k, v in row.items() if k not in names.values()}
-        out.append(Sample(id=str(row.get(names["id"], i)), prompt=prompt, answer=row.get(names["answer"]), fields=extra))
+        answer = None if values["answer"] is MISSING else values["answer"]
+        out.append(Sample(id=str(i if values["id"] is MISSING else values["id"]), prompt=prompt, answer=answer, fields=extra))
     if not out:
         raise AssayError(f"{source}: no rows")
     return out

@@ -161,11 +161,14 @@ def get_format(name: str) -> Format:
 
 
 def convert_rows(rows: list[dict[str, Any]], name: str, rename: dict[str, str], source: str) -> tuple[list[dict[str, Any]], int]:
-    """`(assay rows, rows left out)`: each row read with `rename` ({format column: file column}), then converted."""
+    """`(assay rows, rows left out)`: each row read with `rename` ({format column: file column, dotted for a nested
+    one}), then converted."""
+    from assay.data.datasets import MISSING, column
+
     fmt = get_format(name)
     out, skipped = [], 0
     for i, raw in enumerate(rows):
-        row = {**raw, **{col: raw[src] for col, src in rename.items() if src in raw}}
+        row = {**raw, **{col: v for col, src in rename.items() if (v := column(raw, src)) is not MISSING}}
         for need in fmt.needs:
             if not any(c in row for c in need.split("|")):
                 raise AssayError(f"{source}: row {i + 1} has no {need.replace('|', ' or ')!r} column, which data.format={name} reads "

@@ -137,12 +137,19 @@ def env_factory(name: str, args: dict[str, Any] | None = None) -> Callable[[], E
     return build
 
 
+#: how an episode can end without the model's final answer: its `finish_reason` is then the outcome
+CUT_SHORT = ("max_turns", "context", "time", "split", "env_error")
+
+
 @REWARDS.register("episode")
 class EpisodeReward(Reward):
     """The reward an environment gave the episode (`Trajectory.info["reward"]`, set by the multi-turn loop).
 
     None (cannot be scored) for a trajectory that is not an episode, or whose environment could not score it.
-    `kind` is "io": reading a number needs no worker process.
+    `kind` is "io": reading a number needs no worker process. `info["reason"]` is the episode's outcome: the
+    environment's own word on its last turn (`info["reason"]` of its step, as `sql-agent` gives one), else
+    `correct` (reward ≥ 1), `partial` (between 0 and 1) or `wrong`, or how it was cut short (`max_turns`,
+    `context`, `time`, `env_error`); `info["finish"]` is how it ended (`answer`, `submit`, ...).
     """
 
     kind = "io"
@@ -152,4 +159,16 @@ class EpisodeReward(Reward):
             return RewardResult.failed("not an episode of an environment (no info['reward'])", score=None)
         reward = traj.info["reward"]
         return RewardResult(None if reward is None else float(reward),
-                            info={"reason": traj.finish_reason, "turns": traj.info.get("turns_total")})
+                            info={"reason": outcome(traj.finish_reason, reward, traj.info.get("outcome")), "finish": traj.finish_reason,
+                                  "turns": traj.info.get("turns_total")})
+
+
+def outcome(finish: str, reward: float | None, said: str | None) -> str:
+    """An episode's outcome in a word (`EpisodeReward`): the environment's own, how it was cut short, or its reward read as a verdict."""
+    if said:
+        return said
+    if finish in CUT_SHORT:
+        return finish
+    if reward is None:
+        return "unscored"
+    return "correct" if reward >= 1 else "wrong" if reward <= 0 else "partial"

@@ -1,4 +1,9 @@
-"""Policy evaluation on a task's held-out split: greedy accuracy, pass@k, length.
+"""Policy evaluation on a task's held-out split: greedy accuracy, pass@k, length, and a learned reward's mean.
+
+Accuracy counts a verifier's verdicts (score ≥ 1 is right). A reward whose scores are not
+verdicts (a reward model, a judge: `assay.rewards.base.gives_verdicts`) is reported as the
+mean score of the greedy completions (`mean_reward`), beside the verifier's accuracy when
+there is one, never as an accuracy.
 
 pass@k uses the unbiased estimator of Chen et al., "Evaluating Large Language Models
 Trained on Code" (2021), arXiv:2107.03374: with n samples of which c are correct,
@@ -7,6 +12,7 @@ pass@k = 1 − C(n−c, k) / C(n, k), averaged over problems.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from math import comb
 from typing import Callable
@@ -30,14 +36,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 @dataclass
 class EvalResult:
     n: int
-    accuracy: float
+    accuracy: float | None
     pass_at_k: float | None
     k: int
     mean_length: float
     unscored: int
+    mean_reward: float | None = None
 
     def as_dict(self) -> dict:
-        return {"n": self.n, "accuracy": self.accuracy, f"pass@{self.k}": self.pass_at_k, "mean_length": self.mean_length, "unscored": self.unscored}
+        """`{n, accuracy, pass@k, mean_reward, mean_length, unscored}`: accuracy and pass@k when a verifier scored,
+        pass@k when k > 0, mean_reward when a learned reward did."""
+        out: dict = {"n": self.n}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
+            if self.k > 0:
+                out[f"pass@{self.k}"] = self.pass_at_k
+        if self.mean_reward is not None:
+            out["mean_reward"] = self.mean_reward
+        return {**out, "mean_length": self.mean_length, "unscored": self.unscored}
 
 
 def _correct(score: Score, trajs) -> list[float | None]:
@@ -51,22 +67,28 @@ def _episodes(trajs: list[Trajectory]) -> list[Trajectory]:
     return [t for t in trajs if t.info.get("segment", 0) == t.info.get("segments", 1) - 1]
 
 
-def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tokens: int, k: int = 0,
-             batch_size: int = 256, seed: int = 0, temperature: float = 1.0) -> EvalResult:
+def evaluate(sampler: Sampler, score: Score | None, problems: list[Sample], max_new_tokens: int, k: int = 0,
+             batch_size: int = 256, seed: int = 0, temperature: float = 1.0, reward: Score | None = None) -> EvalResult:
     """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k at `temperature`.
 
-    `sampler` is any backend (`assay.rollout.base.Sampler`); `score` any function from
-    trajectories to results (a reward, or a run's non-training scorer).
+    `sampler` is any backend (`assay.rollout.base.Sampler`); `score` the verifier, any function
+    from trajectories to results whose scores are verdicts (a reward, or a run's non-training
+    scorer); `reward`, a learned reward that scores the same greedy completions for
+    `mean_reward`. Without `score` there is no accuracy, and no pass@k. `unscored` counts the
+    greedy completions the verifier (else the reward) could not score.
     """
-    greedy, lengths, unscored = [], [], 0
+    greedy, lengths, unscored, rewards = [], [], 0, []
     for i in range(0, len(problems), batch_size):
         trajs = _episodes(sampler.generate(problems[i : i + batch_size], 1, SamplingParams(max_new_tokens, temperature=0.0)))
-        for t, s in zip(trajs, _correct(score, trajs)):
-            lengths.append(len(t.completion_ids))
-            if s is None:
-                unscored += 1
-            else:
-                greedy.append(s >= 1.0)
+        lengths += [len(t.completion_ids) for t in trajs]
+        learned = _correct(reward, trajs) if reward is not None else []
+        rewards += [s for s in learned if s is not None]
+        checked = _correct(score, trajs) if score is not None else learned
+        unscored += sum(s is None for s in checked)
+        greedy += [s >= 1.0 for s in checked if s is not None] if score is not None else []
+    mean_reward = sum(rewards) / len(rewards) if rewards else (math.nan if reward is not None else None)
+    if score is None:
+        return EvalResult(len(problems), None, None, k, sum(lengths) / max(1, len(lengths)), unscored, mean_reward)
     pk = None
     if k > 0:
         gen = torch.Generator(device="cpu").manual_seed(seed)  # a sampler on a device seeds its own from it
@@ -82,4 +104,4 @@ def evaluate(sampler: Sampler, score: Score, problems: list[Sample], max_new_tok
                     continue
                 per_problem.append(pass_at_k(k, sum(s >= 1.0 for s in group), k))
         pk = sum(per_problem) / max(1, len(per_problem))
-    return EvalResult(len(problems), sum(greedy) / max(1, len(greedy)), pk, k, sum(lengths) / max(1, len(lengths)), unscored)
+    return EvalResult(len(problems), sum(greedy) / max(1, len(greedy)), pk, k, sum(lengths) / max(1, len(lengths)), unscored, mean_reward)

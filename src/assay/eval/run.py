@@ -53,8 +53,10 @@ def env_config(spec: Any):
         raise AssayError(explain(e, block, EnvConfig, "--env")) from None
 
 
-def resolve(task: str | None, task_args: dict | None, data, run: str | None, reward: Any, n: int, seed: int) -> tuple[list, Any, dict[str, Any]]:
-    """`(problems, reward spec, description)` for exactly one of task, data (a `DataConfig` with a path) or run."""
+def resolve(task: str | None, task_args: dict | None, data, run: str | None, reward: Any, n: int,
+            seed: int) -> tuple[list, Any, Any, dict[str, Any]]:
+    """`(problems, reward spec, the data's own verifier spec or None, description)` for exactly one of task, data
+    (a `DataConfig` with a path) or run."""
     from assay.data.datasets import build_source, data_reward, samples_from
     from assay.data.tasks import make_task
 
@@ -65,17 +67,18 @@ def resolve(task: str | None, task_args: dict | None, data, run: str | None, rew
         source = build_source(cfg.data, cfg.seed, n)
         if not source.heldout:
             raise AssayError(f"--run: the run {run!r} has no held-out data (data.eval_fraction=0 and no data.eval_path)")
-        return source.heldout, reward or cfg.reward or source.reward, {"run": run, "data": cfg.data.task or cfg.data.path}
+        return source.heldout, reward or cfg.reward or source.reward, source.reward, {"run": run, "data": cfg.data.task or cfg.data.path}
     if data is not None:
-        reward = reward or data_reward(data)
+        own = data_reward(data)
+        reward = reward or own
         if reward is None:
             raise AssayError("--data needs --reward (the reward that checks these rows: a name, module:attr, or a YAML block) "
                              "or --format (a standard layout that brings its reward)")
-        return samples_from(data.path, data)[:n], reward, {"data": data.path, **({"format": data.format} if data.format else {})}
+        return samples_from(data.path, data)[:n], reward, own, {"data": data.path, **({"format": data.format} if data.format else {})}
     from assay import envs  # noqa: F401  (registers the environments' tasks: sql-agent, code-fix)
 
     t = make_task(task or "arithmetic", **(task_args or {}))
-    return t.heldout(n), reward or t.reward, {"task": task or "arithmetic"}
+    return t.heldout(n), reward or t.reward, t.reward, {"task": task or "arithmetic"}
 
 
 def evaluate_model(model: str | None = None, *, task: str | None = None, task_args: dict | None = None, data: str | None = None,
@@ -106,18 +109,31 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
     Returns:
         `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`; with an
         environment also `env`, `turns_mean` and `tool_calls_per_episode` (over every
-        episode run, the pass@k samples included).
+        episode run, the pass@k samples included). A reward whose scores are not verdicts
+        (a reward model, a judge) gives `mean_reward` instead, with `accuracy` and `pass@k`
+        from the task's, format's or run's own verifier when there is one (`verifier`).
     """
+    from contextlib import ExitStack
+
+    from assay.eval.bestof import spec_name
     from assay.eval.policy import evaluate
+    from assay.rewards.base import gives_verdicts
     from assay.rewards.executor import RewardExecutor
     from assay.rewards.spec import build_reward
 
-    problems, reward_spec, what, model, sampler, max_new_tokens = _prepare(
+    problems, reward_spec, own, what, model, sampler, max_new_tokens = _prepare(
         model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
         max_new_tokens, backend, device, seed, server_url, env)
     try:
-        with RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout) as ex:
-            r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)
+        with ExitStack() as stack:
+            ex = stack.enter_context(RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout))
+            if gives_verdicts(ex.reward):
+                r = evaluate(sampler, ex.score, problems, max_new_tokens, k=k, seed=seed, temperature=temperature)
+            else:  # a learned score is no verdict: its mean, beside the verifier's accuracy when the data has one
+                check = stack.enter_context(RewardExecutor(build_reward(own), workers=workers, timeout=timeout)) if own else None
+                what["verifier"] = spec_name(own) if own else None
+                r = evaluate(sampler, check.score if check else None, problems, max_new_tokens, k=k if check else 0, seed=seed,
+                             temperature=temperature, reward=ex.score)
         episodes = sampler.metrics() if "env" in what else {}
     finally:
         sampler.close()
@@ -126,21 +142,28 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
 
 
 def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
-             max_new_tokens, backend, device, seed, server_url, env=None) -> tuple[list, Any, dict[str, Any], str, Any, int]:
-    """`(problems, verifier spec, description, model, sampler, max_new_tokens)`: what `evaluate_model` and `evaluate_best_of` share."""
+             max_new_tokens, backend, device, seed, server_url, env=None) -> tuple[list, Any, Any, dict[str, Any], str, Any, int]:
+    """`(problems, reward spec, the data's own verifier spec, description, model, sampler, max_new_tokens)`: what
+    `evaluate_model` and `evaluate_best_of` share."""
     from assay.config import DataConfig
     from assay.data.datasets import PromptLimit
     from assay.models import load_policy
     from assay.rollout.base import make_sampler
     from assay.rollout.multiturn import episode_sampler
 
+    if data is None:  # read only with a data file: given without one, each would be silently ignored
+        given = [name for name, v in (("--fields", fields), ("--format", format), ("--chat", chat), ("--system-prompt", system_prompt),
+                                      ("--chat-template-kwargs", chat_template_kwargs)) if v]
+        if given:
+            raise AssayError(f"eval: {given[0]} applies to a data file, and --data is not given (a task's prompts are its own; "
+                             "--run uses the run's data settings)")
     run_cfg = _run_config(run) if run else None
     env_cfg = env_config(env) if env is not None else (run_cfg.env if run_cfg else None)
     if env_cfg is not None and reward is None:
         reward = (run_cfg.reward if run_cfg else None) or "episode"  # the episode's own reward, as in training
     spec = None if data is None else DataConfig(task=None, path=data, fields=fields or {}, format=format, chat=chat,
                                                 system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs or {})
-    problems, reward_spec, what = resolve(task, task_args, spec, run, reward, n, seed)
+    problems, reward_spec, own, what = resolve(task, task_args, spec, run, reward, n, seed)
     if env_cfg is not None:
         from assay.envs.base import env_factory
 
@@ -165,7 +188,7 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
     sampler = make_sampler(backend, policy, tokenizer, rollout, device)
     if env_cfg is not None:  # each problem an episode, as in training's held-out evaluation
         sampler = episode_sampler(sampler, policy, tokenizer, env_cfg, context)
-    return problems, reward_spec, what, model, sampler, max_new_tokens
+    return problems, reward_spec, own, what, model, sampler, max_new_tokens
 
 
 def evaluate_best_of(model: str | None = None, *, select: Any, best_of: int, verifier: Any = None, task: str | None = None,
@@ -192,7 +215,7 @@ def evaluate_best_of(model: str | None = None, *, select: Any, best_of: int, ver
     if data is not None and verifier is None and format is None:
         raise AssayError("--best-of on --data needs --verifier SPEC (the reward that checks the picked answer) or --format")
     selector = build_reward(select)  # a bad spec fails here, before the model loads
-    problems, verifier_spec, what, model, sampler, max_new_tokens = _prepare(
+    problems, verifier_spec, _, what, model, sampler, max_new_tokens = _prepare(
         model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, verifier, n,
         max_new_tokens, backend, device, seed, server_url, env)
     try:

@@ -95,9 +95,11 @@ def model_card(config: dict[str, Any], summary: dict[str, Any], name: str, plots
     data_rows = {"task": data.get("task") if not data.get("path") else None, "file": data.get("path"), "format": data.get("format"),
                  "held-out file": data.get("eval_path"), "chat template": "yes" if data.get("chat") or data.get("system_prompt") else None,
                  "system prompt": data.get("system_prompt"), "held-out problems": summary.get("held-out problems")}
-    results = {k: v for k, v in summary.items() if k.startswith(("held-out accuracy", "train reward")) or k in ("steps", "total time (s)")}
+    results = {k: v for k, v in summary.items() if k.startswith(("held-out accuracy", "held-out mean reward", "train reward"))
+               or k in ("steps", "total time (s)")}
     images = "".join(f"![{p.removesuffix('.png').replace('_', ' ')}]({p})\n" for p in plots)
-    reward = yaml.safe_dump(reward or config.get("reward"), sort_keys=False).strip()
+    # as a config writes it: a bare name dumped alone would end in YAML's document marker (`...`)
+    reward = yaml.safe_dump({"reward": reward or config.get("reward")}, sort_keys=False).strip()
     return f"""---
 {front_matter(config, summary, name)}
 ---

@@ -3,6 +3,7 @@ environment, turns and tool calls per episode), and an HTML page."""
 
 from __future__ import annotations
 
+import base64
 import html
 import os
 from pathlib import Path
@@ -14,7 +15,8 @@ from assay.report.metrics import read_metrics
 
 PLOTS = {
     "reward.png": ("Training reward", [("reward/mean", "reward mean"), ("train/accuracy", "train accuracy")]),
-    "heldout_accuracy.png": ("Held-out greedy accuracy", [("eval/accuracy", "held-out accuracy")]),
+    "heldout_accuracy.png": ("Held-out greedy accuracy (verified) and mean reward",
+                             [("eval/accuracy", "held-out accuracy"), ("eval/mean_reward", "held-out mean reward (a learned reward's scale)")]),
 }
 #: drawn only for a run whose rows have `agent/*` metrics (an `env:` block)
 AGENT_PLOTS = {
@@ -82,19 +84,23 @@ def _samples_html(run_dir: Path, dumps: int = 2) -> str:
     for r in (r for r in rows if r["step"] in steps):
         comps = "".join(f"<tr><td><code>{html.escape(repr(c.get('text')))}</code></td><td>{html.escape(_fmt(c.get('reward')))}</td>"
                         f"<td>{html.escape(str(c.get('reason') or c.get('error') or ''))}</td></tr>" for c in r.get("completions", []))
-        body += (f"<h3>step {r['step']}: <code>{html.escape(repr(r.get('prompt')))}</code> (answer {html.escape(str(r.get('answer')))})</h3>"
+        prompt = r.get("prompt_text", r.get("prompt"))  # a conversation as the model saw it, through the chat template
+        shown = f"<pre>{html.escape(prompt)}</pre>" if isinstance(prompt, str) and "\n" in prompt else f"<code>{html.escape(repr(prompt))}</code>"
+        body += (f"<h3>step {r['step']} (answer {html.escape(str(r.get('answer')))})</h3>{shown}"
                  f"<table><tr><th>completion</th><th>reward</th><th>reason</th></tr>{comps}</table>")
     return f"<h2>Sample completions</h2>{body}" if body else ""
 
 
 def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any],
                  plots: dict[str, tuple[str, list[tuple[str, str]]]] | None = None) -> Path:
-    """Plots (`plots`, default `PLOTS`) plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`."""
+    """Plots (`plots`, default `PLOTS`) plus `report.html` (config, final figures, warnings, plots, sample completions) in `run_dir`;
+    the page embeds its plots, so it can be mailed or moved on its own."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     files = plot_metrics(rows, run_dir, plots)
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in summary.items())
-    imgs = "".join(f'<img src="{p.name}" alt="{p.stem}">' for p in files)
+    imgs = "".join(f'<img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{p.stem}" title="{p.name}">'
+                   for p in files)  # embedded: the page alone is the whole report (the PNG files stay beside it)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>assay run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:70em}}table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}.warn{{color:#a40}}pre{{background:#f5f5f5;padding:1em}}</style>

@@ -27,9 +27,14 @@ from assay.types import RewardResult, Trajectory
 class Reward(abc.ABC):
     """Base class of every reward. `kind` tells the executor how to run it."""
 
-    #: "cpu" for CPU-bound rule rewards, "io" for rewards that wait on a server, "batch" for rewards
-    #: that score a whole batch in one call and bound their own time (model judges).
+    #: "cpu" for CPU-bound rule rewards (worker processes: isolation, per-item deadlines), "io" for rewards
+    #: that wait on a server, "batch" for rewards that score a whole batch in one call in the caller's process:
+    #: model judges (they bound their own time) and learned reward models (batched forwards, `rm`, `prm`).
     kind: str = "cpu"
+    #: True when a score is a verdict: 1 (or more) means right, less means not (verifiers, rule rewards and
+    #: compositions of them). False for a score on a scale of its own (a reward model, a judge, a rubric's
+    #: weighted sum): accuracy never counts it as right or wrong (`gives_verdicts`).
+    verdict: bool = True
 
     @abc.abstractmethod
     def score(self, traj: Trajectory) -> RewardResult:
@@ -55,6 +60,14 @@ def score_safely(reward: Reward, traj: Trajectory) -> RewardResult:
         return RewardResult.failed(f"{type(e).__name__}: {e}")
     result.info.setdefault("seconds", round(time.perf_counter() - start, 6))
     return result
+
+
+def gives_verdicts(reward: Reward) -> bool:
+    """Whether `reward`'s scores are verdicts: it and every reward inside it declare `verdict` (a composition
+    holding a reward model, or a transform over a judge, does not)."""
+    from assay.rewards.executor import _rewards
+
+    return all(getattr(r, "verdict", True) for r in _rewards(reward))
 
 
 REWARDS: Registry[type[Reward]] = Registry("reward")

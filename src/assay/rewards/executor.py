@@ -12,9 +12,11 @@
   that never returns cannot be killed, only abandoned).
 * `workers=0` scores CPU rewards inline in this process, with no deadline (tests, tiny
   rewards).
-* `kind == "batch"` rewards (the model judges of `assay.rewards.judge`) get the whole batch
-  in one `reward(batch)` call in this process: they see groups whole, run their own
-  concurrency and bound their own time (a per-request timeout that leaves an item unscored).
+* `kind == "batch"` rewards get the whole batch in one `reward(batch)` call in this process,
+  whatever `workers` says: the model judges of `assay.rewards.judge` (they see groups whole,
+  run their own concurrency and bound their own time, a per-request timeout that leaves an
+  item unscored) and the learned reward models `rm` and `prm` (batched forwards of one loaded
+  model; no per-item deadline, which a forward pass does not need).
 
 A failed item scores `failure_score` (None: leave it out of baselines) with the reason in
 `error` and `info["reason"]` (`raised`, `timeout`, `crashed`); a result whose reward set

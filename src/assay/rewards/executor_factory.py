@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from assay.errors import AssayError
+from assay.rewards.base import gives_verdicts
 from assay.rewards.executor import RewardExecutor
 from assay.rewards.monitors import reward_health
 from assay.rewards.spec import build_reward
@@ -17,8 +18,10 @@ class TrainingRewards:
     `trajectories -> results` function, for code that takes one (`assay.eval.policy.evaluate`).
     """
 
-    def __init__(self, reward, workers: int, timeout: float):
+    def __init__(self, reward, workers: int, timeout: float, verifier=None):
         self.executor = RewardExecutor(reward, workers=workers, timeout=timeout)
+        self.verdicts = gives_verdicts(reward)
+        self.verifier = RewardExecutor(verifier, workers=0, timeout=timeout) if verifier is not None and not self.verdicts else None
         self._pending: dict[str, float] = {}
 
     def score(self, batch, *, training: bool):
@@ -34,6 +37,14 @@ class TrainingRewards:
         """`score` as a function of the trajectories alone."""
         return lambda batch: self.score(batch, training=training)
 
+    def heldout_scorers(self):
+        """`(verifier, reward)` for held-out evaluation (`assay.eval.policy.evaluate`): the run's reward as the
+        verifier when its scores are verdicts; else the data's own verifier (None when it has none), with the
+        run's reward beside it for the mean reward. Neither counts toward the training metrics."""
+        if self.verdicts:
+            return self.scorer(False), None
+        return (self.verifier.score if self.verifier is not None else None), self.scorer(False)
+
     def health(self, results, trajs) -> dict[str, float]:
         """`reward_health` of one step plus the executor's failure counts."""
         m = reward_health(results, [t.group for t in trajs], [len(t.completion_ids) for t in trajs])
@@ -43,6 +54,8 @@ class TrainingRewards:
 
     def close(self) -> None:
         self.executor.close()
+        if self.verifier is not None:
+            self.verifier.close()
 
 
 def _merge(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -51,8 +64,10 @@ def _merge(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 
 def make_executor(cfg, task_reward: str | None) -> TrainingRewards:
-    """The run's reward block (default: the task's own verifier) behind a `RewardExecutor`."""
+    """The run's reward block (default: the task's own verifier) behind a `RewardExecutor`; the task's
+    verifier checks held-out answers when the run's reward gives no verdicts (a reward model)."""
     spec = cfg.reward or task_reward
     if spec is None:
         raise AssayError("reward: this data has no built-in verifier; set a reward block (reward=NAME, see docs/rewards.md)")
-    return TrainingRewards(build_reward(spec), cfg.reward_workers, cfg.reward_timeout)
+    verifier = build_reward(task_reward) if task_reward is not None and cfg.reward is not None else None
+    return TrainingRewards(build_reward(spec), cfg.reward_workers, cfg.reward_timeout, verifier)

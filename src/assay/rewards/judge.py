@@ -134,6 +134,7 @@ class Judge(Reward):
     """
 
     kind = "batch"
+    verdict = False  # a rating or a preference, not right/wrong
     #: the conformance suite's block: nothing listens on port 9, so every item is unscored (http_error)
     example_args = {"url": "http://127.0.0.1:9", "retries": 0, "timeout": 2.0}
 

@@ -141,6 +141,7 @@ class Rubric(Reward):
         normalize: divide the weighted sum by the sum of the weights.
     """
 
+    verdict = False  # a weighted sum of criteria, not right/wrong
     example_args = {"criteria": [{"name": "digit", "check": "regex", "pattern": r"\d", "gate": True},
                                  {"name": "boxed", "check": "contains", "text": "\\boxed", "weight": 2}]}
 

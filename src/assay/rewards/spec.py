@@ -159,15 +159,19 @@ def _build_transform(spec: Any, where: str) -> Any:
 def _inline_block(text: str, where: str) -> Any:
     import yaml
 
+    from assay.config import yaml_problem
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise AssayError(f"{where}: {text!r} is not a valid YAML block: {str(e).splitlines()[0]}") from None
+        raise AssayError(f"{where}: {text!r} is not a valid YAML block: {yaml_problem(e)}") from None
 
 
 def load_block(path: str) -> Any:
     """The reward block in a YAML file: the file itself, or its `reward:` entry."""
     import yaml
+
+    from assay.config import yaml_problem
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -175,7 +179,7 @@ def load_block(path: str) -> Any:
     except FileNotFoundError:
         raise AssayError(f"reward file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise AssayError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
+        raise AssayError(f"{path}: invalid YAML: {yaml_problem(e)}") from None
     if isinstance(data, dict) and "reward" in data and "name" not in data:
         data = data["reward"]
     if data is None:

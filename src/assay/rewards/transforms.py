@@ -454,6 +454,7 @@ class Par(Reward):
     """
 
     reward_args = ("reward",)
+    verdict = False  # σ of a score gap, in (0, 1): never a right/wrong
 
     def __init__(self, reward: Reward, reference_field: str = "reference", reference_score_field: str | None = None):
         self.reward, self.reference_field, self.reference_score_field = reward, reference_field, reference_score_field

@@ -64,7 +64,9 @@ class RMTrainConfig(Section):
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the newest checkpoints to keep."""
     threads: int = Field(0, ge=0)
-    """torch CPU threads (0: torch's default; N: always N, for bit-for-bit runs on a busy machine)."""
+    """torch CPU threads. 0: as many as there are cores other processes leave free, re-checked
+    before every step (`assay.threads`, as `assay train` does); N: always N (for bit-for-bit
+    reproducible runs on a machine whose load varies)."""
     time_limit: float = Field(0.0, ge=0.0)
     """Seconds of wall time for the whole run, loading included: the first step that ends past it is
     the last (evaluated, saved, `final/` written) and `rm/stopped_early` is 1 in its row (0: no limit)."""

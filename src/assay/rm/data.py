@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from assay.data.datasets import check_messages, read_rows
+from assay.data.datasets import MISSING, check_messages, column, read_rows
 from assay.errors import AssayError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "id")
@@ -82,16 +82,18 @@ def rows_to_comparisons(rows: list[dict[str, Any]], fields: dict[str, str], sour
     out = []
     for i, row in enumerate(rows):
         where = f"{source}: row {i + 1}"
-        for key in ("prompt", "chosen", "rejected"):
-            if names[key] not in row:
+        values = {k: column(row, n) for k, n in names.items()}  # a dotted name reads a nested column
+        for key in ("prompt", "chosen", "rejected", *(["id"] if "id" in fields else [])):
+            if values[key] is MISSING:
                 raise AssayError(f"{where} has no {key} column {names[key]!r} (map it with fields.{key}=COLUMN)")
-        prompt = row[names["prompt"]]
+        prompt = values["prompt"]
         if not isinstance(prompt, str):
             prompt = check_messages(prompt, where)
         extra = {k: v for k, v in row.items() if k not in names.values()}
         subset = str(row.get("subset", row.get("kind", "")) or "")
-        out.append(Comparison(id=str(row.get(names["id"], i)), prompt=prompt, chosen=_responses(row[names["chosen"]], where, names["chosen"]),
-                              rejected=_responses(row[names["rejected"]], where, names["rejected"]), subset=subset, fields=extra))
+        out.append(Comparison(id=str(i if values["id"] is MISSING else values["id"]), prompt=prompt,
+                              chosen=_responses(values["chosen"], where, names["chosen"]),
+                              rejected=_responses(values["rejected"], where, names["rejected"]), subset=subset, fields=extra))
     if not out:
         raise AssayError(f"{source}: no rows (a preference file needs prompt, chosen and rejected columns)")
     return out

@@ -8,8 +8,13 @@ non-padding token. Saved, it is an ordinary Hugging Face folder (`config.json` w
 `transformers`, TRL or OpenRLHF load as it is; `assay_rm.json` beside it keeps what assay
 needs to score the same way it trained (the longest sequence).
 
-A response is scored as the token ids of its prompt (a conversation through the chat
-template), then the response, then EOS, right-padded, so padding never reaches a real token.
+A response is scored as the token ids of its prompt text (a conversation through the chat
+template) followed by the response, tokenised as one string, then EOS, right-padded, so
+padding never reaches a real token. An outcome reward model is saved so that the obvious
+call scores the same way (`scoring_tokenizer`): its tokenizer appends EOS itself (and keeps
+the last `max_length` tokens under `truncation=True`), and its config says `problem_type:
+regression`, so `tok(prompt + response)` into `AutoModelForSequenceClassification`, and
+`pipeline("text-classification")`, give the reward assay gives.
 """
 
 from __future__ import annotations
@@ -44,6 +49,27 @@ def init_head(model, seed: int) -> None:
         w.copy_((torch.randn(w.shape, device="cpu", generator=generator_for(gen, "cpu")) * std).to(w.dtype))
         if getattr(model.score, "bias", None) is not None:
             model.score.bias.zero_()
+
+
+def scoring_tokenizer(tok, max_length: int):
+    """`tok`, changed in place so that its plain call encodes what an outcome reward model is scored on:
+    the text's tokens then EOS (no BOS; `tok(prompt, response)` gives the response's tokens then EOS),
+    and under `truncation=True` the last `max_length` tokens, as `Encoder` cuts.
+
+    Through the tokenizer's own switches (`add_bos_token`, `add_eos_token`), which transformers
+    saves and applies again on load; without an EOS token the tokenizer is left as it is.
+    """
+    if tok.eos_token_id is None:
+        return tok
+    from tokenizers.processors import TemplateProcessing
+
+    tok.add_bos_token, tok.add_eos_token = False, True  # saved in tokenizer_config.json; the post-processor below is what they mean
+    eos = tok.eos_token
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single=f"$A:0 {eos}:0", pair=f"$A:0 $B:1 {eos}:1",
+                                                              special_tokens=[(eos, tok.eos_token_id)])
+    tok.truncation_side, tok.model_max_length = "left", max_length
+    tok.init_kwargs["truncation_side"] = "left"  # what save_pretrained writes
+    return tok
 
 
 def _tokenizer(folder: Path):
@@ -103,9 +129,13 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 def save_rm(folder: Path, model, tokenizer, meta: dict[str, Any]) -> None:
-    """Write the Hugging Face folder and `assay_rm.json`."""
+    """Write the Hugging Face folder and `assay_rm.json`; an outcome reward model's tokenizer and config as
+    `scoring_tokenizer` and the module docstring say, so that a plain transformers call scores as assay does."""
     quiet_hf()
     folder.mkdir(parents=True, exist_ok=True)
+    if meta.get("kind", "orm") == "orm":  # the obvious call scores as assay does (module docstring)
+        model.config.problem_type = "regression"  # pipeline("text-classification") returns the score itself, not its sigmoid
+        scoring_tokenizer(tokenizer, int(meta.get("max_length", tokenizer.model_max_length)))
     model.save_pretrained(folder, safe_serialization=True)
     config = json.loads((folder / "config.json").read_text())
     config["num_labels"] = 1  # transformers writes only id2label; the count is what other tools read first
@@ -124,25 +154,26 @@ def render_prompt(tokenizer, prompt: str | list[dict[str, Any]]) -> str:
 
 
 class Encoder:
-    """Token ids of (prompt, response) texts, with the prompt's ids cached."""
+    """Token ids of (prompt, response) texts, with the prompt's length in tokens cached."""
 
     def __init__(self, tokenizer, max_length: int):
         self.tok, self.max_length = tokenizer, max_length
-        self._prompts: dict[str, list[int]] = {}
+        self._prompts: dict[str, int] = {}  # prompt text -> its length in tokens
 
     def ids(self, prompt: str | list[dict[str, Any]], response: str) -> tuple[list[int], int]:
-        """`(token ids, response length in tokens)`; a sequence over `max_length` loses tokens from its start."""
+        """`(token ids, response length in tokens)`: the prompt text and the response tokenised as one string
+        (as a plain `tok(prompt + response)` does), then EOS; a sequence over `max_length` loses tokens from its start.
+        The response length, for the length term, is what the response adds to the prompt's own tokens (EOS included)."""
         text = render_prompt(self.tok, prompt)
         p = self._prompts.get(text)
         if p is None:
-            p = self._prompts[text] = self.tok(text, add_special_tokens=False)["input_ids"]
+            p = self._prompts[text] = len(self.tok(text, add_special_tokens=False)["input_ids"])
             if len(self._prompts) > 100_000:
                 self._prompts.clear()
-        r = self.tok(response, add_special_tokens=False)["input_ids"]
+        ids = self.tok(text + response, add_special_tokens=False)["input_ids"]
         if self.tok.eos_token_id is not None:
-            r = r + [self.tok.eos_token_id]
-        ids = (p + r)[-self.max_length :]
-        return ids, len(r)
+            ids = ids + [self.tok.eos_token_id]
+        return ids[-self.max_length :], max(0, len(ids) - p)
 
     def batch(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-padded `input_ids` `[M, L]`, `attention_mask` `[M, L]` and response lengths `[M]`."""

@@ -5,9 +5,11 @@ The score of a completion is the reward model's scalar on the prompt followed by
 completion (the text, tokenised by the reward model's own tokenizer, whatever the policy's).
 The model is loaded once per process, on the first batch, and shared by every `RMReward`
 with the same path and device; the instance itself holds only its arguments, so it pickles
-cheaply into reward workers. Called on a batch (`reward_workers=0`, in the trainer's process)
-it scores the whole batch in forwards of `batch_size` sequences; in worker processes each
-worker loads the model once and scores the items it is given.
+cheaply. A model reward declares `kind = "batch"`: the executor hands it the whole batch in
+the caller's process, whatever `reward_workers` says, and it scores it in forwards of
+`batch_size` sequences. (In reward worker processes, one item at a time with a model per
+worker, `assay eval --best-of 4` took 7× as long: worker processes are for verifiers that
+need isolation and per-item deadlines, which a forward pass does not.)
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def loaded(path: str, device: str) -> tuple[Any, Any]:
 class _ModelReward(Reward):
     """What `rm` and `prm` share: a model folder checked at construction, a whole batch scored in
     forwards (the subclass's `_score(batch)`), and one bad item failing alone, never the batch."""
+
+    verdict = False  # a learned score, not right/wrong
+    kind = "batch"  # the whole batch in one process, in batched forwards: never one item per worker
 
     def __init__(self, path: str, batch_size: int, trained_by: str):
         p = Path(path)

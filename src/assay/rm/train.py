@@ -30,11 +30,12 @@ from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, spl
 from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
+from assay.threads import ThreadGovernor
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.precision import MasterWeights
 from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from assay.training.progress import RunProgress, _f
-from assay.training.runs import RUN_FILE, new_run_dir, resumed_config, write_config
+from assay.training.runs import RUN_FILE, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
 
 
 @dataclass
@@ -129,14 +130,16 @@ def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, weight
 
 
 def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pairs: list[Pair], heldout: list[Comparison], cfg: RMConfig,
-              opt, sched, sink: JsonlSink, bar: RMProgress, last: dict[str, Any]) -> bool:
+              opt, sched, sink: JsonlSink, bar: RMProgress, last: dict[str, Any], governor: ThreadGovernor) -> bool:
     """Train step `step`, evaluate when due, log its row into `last` and the sink; True when it is the run's last step."""
+    threads = governor.update()  # first, the cores other processes left free
     t0 = time.perf_counter()
     batch = [pairs[i] for i in batch_indices(len(pairs), cfg.train.batch_size, cfg.seed, step - 1)]
     step_fn, eval_fn, _ = _objective(cfg)
     last.clear()
     last.update(step_fn(model, encoder, batch, cfg, opt, sched))
     last["rm/step_seconds"] = time.perf_counter() - t0
+    last["rm/threads"] = float(threads)
     last["rm/epoch"] = (step * cfg.train.batch_size) / len(pairs)
     out_of_time = bool(cfg.train.time_limit) and time.perf_counter() - started >= cfg.train.time_limit and step < steps
     end = step == steps or out_of_time
@@ -176,22 +179,27 @@ def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: RMConfig, sink:
     prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints)
 
 
-def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, overrides: list[str] | None = None,
-             progress: bool = False) -> RMResult:
-    """Train a reward model as `cfg` says, or continue the run folder `resume` (with `overrides` from `SAFE_ON_RESUME`)."""
+def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, restart: str | Path | None = None,
+             overrides: list[str] | None = None, progress: bool = False) -> RMResult:
+    """Train a reward model as `cfg` says, continue the run folder `resume` (with `overrides` from `SAFE_ON_RESUME`),
+    or start the run in `restart`, one that stopped before its first checkpoint, again with its config and `overrides`."""
     started = time.perf_counter()
     ckpt = None
     if resume is not None:
         cfg, ckpt = resume_rm_config(resume, overrides)
         run_dir = Path(resume)
         clean_leftovers(run_dir / "checkpoints")
+    elif restart is not None:
+        cfg = validate(restart_data(restart, overrides))
+        clear_outputs(restart)
+        run_dir = new_run_dir(cfg, folder=restart)
+        write_config(run_dir, cfg)
     else:
         if cfg is None:
             raise AssayError("train_rm: give a config or a run folder to resume")
         run_dir = new_run_dir(cfg, default_name=f"rm-{datetime.now():%Y%m%d-%H%M%S}")
         write_config(run_dir, cfg)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    governor = ThreadGovernor(cfg.train.threads)  # 0: the cores other processes leave free, re-read before every step
     pairs, heldout = load_data(cfg)
     model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
     _, eval_fn, encoder_cls = _objective(cfg)
@@ -214,7 +222,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, o
         try:
             for step in range(start + 1, steps + 1):
                 with signals.critical():  # a step is short: a signal waits for it, then the run saves and stops
-                    end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last)
+                    end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last, governor)
                     done = step
                     if (cfg.train.save_every and step % cfg.train.save_every == 0) or end:
                         _save(run_dir, step, model, tok, opt, sched, cfg, sink)

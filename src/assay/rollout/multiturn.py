@@ -84,6 +84,7 @@ class _Episode:
     parts: list[Trajectory] = field(default_factory=list)
     n_turns: int = 0
     finish: str = ""
+    outcome: str | None = None  # the environment's own word on the final turn (`info["reason"]`), if it gave one
     error: str | None = None
 
     @property
@@ -172,7 +173,7 @@ class MultiTurn:
         e.progress.append(info.get("progress"))
         e.calls += [(c.name, c.outcome) for c in info.get("tool_calls", [])]
         if done:
-            e.finish = info.get("finish_reason", "done")
+            e.finish, e.outcome = info.get("finish_reason", "done"), info.get("reason")
             return
         if self.chat:
             e.messages.append({"role": "assistant", "content": action})
@@ -212,7 +213,7 @@ class MultiTurn:
         reward = None if (not scored or e.rewards[-1:] == [None]) else float(sum(scored))
         for i, p in enumerate(parts):
             p.info.update(reward=reward, turn_rewards=list(e.rewards), turn_progress=list(e.progress), tool_calls=list(e.calls), turns_total=e.n_turns,
-                          segment=i, segments=len(parts), env_error=e.error)
+                          segment=i, segments=len(parts), env_error=e.error, outcome=e.outcome)
         return parts
 
     def _trajectory(self, e: _Episode, finish: str) -> Trajectory:

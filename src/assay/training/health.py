@@ -1,6 +1,6 @@
 """Health gates: a run that cannot learn says so, instead of reporting success.
 
-Two conditions are watched after every step:
+Three conditions are watched after every step:
 
 - **Nothing could be scored.** When no completion of a step got a score (every reward
   `None` or failed) for `train.stop_unscored_steps` steps in a row, the run stops with one
@@ -11,6 +11,11 @@ Two conditions are watched after every step:
   row of `metrics.jsonl` (`"warning"`) and to the report, with a hint that depends on
   whether the groups all fail (too hard, or a broken reward) or all succeed (nothing left
   to learn).
+- **Cut-off completions.** In a run on a data file (`max_new_tokens` given), the first step
+  in which at least `TRUNCATED_WARN` of the completions stopped at `rollout.max_new_tokens`
+  (finish reason `length`) rather than at EOS warns once, the same three ways: the default
+  limit (6 tokens) fits the bundled tasks' answers, not a user's data, whose answers then
+  never get written.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from assay.errors import AssayError
 from assay.types import RewardResult, Trajectory
 
 __all__ = ["HealthGates", "RunCannotLearn", "sample_rows"]
+
+
+#: the share of a step's completions cut off at the length limit from which the run warns (once)
+TRUNCATED_WARN = 0.5
 
 
 class RunCannotLearn(AssayError):
@@ -36,8 +45,10 @@ class HealthGates:
     stop_unscored_steps: int = 3
     zero_var_warn: float = 0.9
     zero_var_steps: int = 10
+    max_new_tokens: int | None = None
     unscored_streak: int = 0
     zero_var_streak: int = 0
+    truncated_warned: bool = False
     warnings: list[tuple[int, str]] = field(default_factory=list)
     stop: str | None = None
 
@@ -47,21 +58,37 @@ class HealthGates:
         self.unscored_streak = 0 if scored else self.unscored_streak + 1
         if self.stop_unscored_steps and self.unscored_streak >= self.stop_unscored_steps:
             self.stop = unscored_message(self.unscored_streak, trajs, results)
+        due = [w for w in (self._truncated(trajs), self._zero_var(metrics)) if w]
+        if not due:
+            return None
+        warning = "; ".join(due)
+        self.warnings.append((step, warning))
+        return warning
+
+    def _truncated(self, trajs: list[Trajectory]) -> str | None:
+        cut = sum(t.finish_reason == "length" for t in trajs)
+        if self.max_new_tokens is None or self.truncated_warned or not trajs or cut / len(trajs) < TRUNCATED_WARN:
+            return None
+        self.truncated_warned = True
+        return (f"{cut} of {len(trajs)} completions stopped at rollout.max_new_tokens={self.max_new_tokens} before EOS: their "
+                "answers are cut off; raise rollout.max_new_tokens to fit this data's answers (the default, 6, fits the bundled tasks)")
+
+    def _zero_var(self, metrics: dict[str, float]) -> str | None:
         zero_var = metrics.get("reward/zero_var_group_frac")
         high = zero_var is not None and zero_var == zero_var and zero_var >= self.zero_var_warn
         self.zero_var_streak = self.zero_var_streak + 1 if high else 0
         if not self.zero_var_steps or self.zero_var_streak == 0 or self.zero_var_streak % self.zero_var_steps:
             return None
-        warning = zero_var_message(self.zero_var_streak, metrics)
-        self.warnings.append((step, warning))
-        return warning
+        return zero_var_message(self.zero_var_streak, metrics)
 
     def state_dict(self) -> dict:
-        return {"unscored_streak": self.unscored_streak, "zero_var_streak": self.zero_var_streak, "warnings": list(self.warnings)}
+        return {"unscored_streak": self.unscored_streak, "zero_var_streak": self.zero_var_streak, "warnings": list(self.warnings),
+                "truncated_warned": self.truncated_warned}
 
     def load_state_dict(self, state: dict) -> None:
         self.unscored_streak, self.zero_var_streak = state["unscored_streak"], state["zero_var_streak"]
         self.warnings = [tuple(w) for w in state["warnings"]]
+        self.truncated_warned = state.get("truncated_warned", False)  # checkpoints written before the warning existed
 
 
 def unscored_message(steps: int, trajs: list[Trajectory], results: list[RewardResult]) -> str:
@@ -94,8 +121,12 @@ def _clip(text: object, n: int = 60) -> str:
     return repr(s if len(s) <= n else s[: n - 1] + "…")
 
 
-def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4) -> list[dict]:
-    """A few prompts of a step with their completions, rewards and reasons (rows of `samples.jsonl`)."""
+def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4, tokenizer=None) -> list[dict]:
+    """A few prompts of a step with their completions, rewards and reasons (rows of `samples.jsonl`).
+
+    A conversation's row also has `prompt_text`: what the model saw, its prompt token ids decoded
+    with `tokenizer` (the chat template's rendering, special tokens included).
+    """
     rows: list[dict] = []
     by_group: dict[int, list[tuple[Trajectory, RewardResult]]] = {}
     for t, r in zip(trajs, results):
@@ -103,8 +134,10 @@ def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: i
     for g in sorted(by_group)[:prompts]:
         items = by_group[g]
         s = items[0][0].sample
+        rendered = {"prompt_text": tokenizer.decode(items[0][0].prompt_ids)} if tokenizer is not None and not isinstance(s.prompt, str) else {}
         rows.append({
-            "id": s.id, "prompt": s.prompt, "answer": s.answer if isinstance(s.answer, (str, int, float, type(None))) else str(s.answer),
+            "id": s.id, "prompt": s.prompt, **rendered,
+            "answer": s.answer if isinstance(s.answer, (str, int, float, type(None))) else str(s.answer),
             "completions": [{"text": t.completion, "reward": r.score, "reason": r.info.get("reason"), "error": r.error,
                              "extracted": r.info.get("extracted", r.info.get("answer"))} for t, r in items[:per_prompt]],
         })

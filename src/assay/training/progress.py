@@ -40,5 +40,6 @@ class RunProgress:
             print(message, file=sys.stderr, flush=True)
 
     def update(self, step: int, m: dict[str, Any]) -> None:
-        info = f"reward {_f(m.get('reward/mean'))}  acc {_f(m.get('train/accuracy'))}  held-out {_f(m.get('eval/accuracy'))}"
+        held = f"held-out {_f(m.get('eval/accuracy'))}" if "eval/accuracy" in m or "eval/mean_reward" not in m else f"held-out reward {_f(m['eval/mean_reward'])}"
+        info = f"reward {_f(m.get('reward/mean'))}  acc {_f(m.get('train/accuracy'))}  {held}"
         self.progress.update(self.task, completed=step, info=info)

@@ -79,12 +79,14 @@ def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
     return lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
 
 
-def rollout_metrics(trajs, results) -> dict[str, float]:
-    """Sampled accuracy and completion lengths of every generated completion (reward statistics come from `reward_health`)."""
+def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
+    """Sampled accuracy (when the reward's scores are verdicts) and completion lengths of every generated completion
+    (reward statistics come from `reward_health`)."""
     scored = scored_rewards([r.score for r in results])
     lengths = [len(t.completion_ids) for t in trajs]
+    accuracy = {"train/accuracy": sum(x >= 1.0 for x in scored) / len(scored) if scored else math.nan} if verdicts else {}
     return {
-        "train/accuracy": sum(x >= 1.0 for x in scored) / len(scored) if scored else math.nan,
+        **accuracy,
         "rollout/response_length": sum(lengths) / len(lengths),
         "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
     }
@@ -104,10 +106,30 @@ def _recent_reward(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {f"train reward (mean of the last {n} steps)": sum(vals[-n:]) / n if vals else None}
 
 
+def _heldout_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Held-out figures at the first and last evaluation: verified accuracy when a verifier checked the answers
+    (always, with a verifier as the reward), the mean of a learned reward when the run's reward gives no verdicts."""
+    out: dict[str, Any] = {}
+    for key, name in (("eval/accuracy", "held-out accuracy"), ("eval/mean_reward", "held-out mean reward")):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        if vals or key == "eval/accuracy" and not any("eval/mean_reward" in r for r in rows):
+            out[f"{name} at start"], out[f"{name} at end"] = (vals[0], vals[-1]) if vals else (None, None)
+    return out
+
+
+def check_group_size(advantage: str, group_size: int) -> None:
+    """One line for a group-relative estimator (`fn.groups`) with one completion per prompt: every advantage would be 0."""
+    if group_size == 1 and getattr(ADVANTAGES.get(advantage), "groups", False):
+        grouped = sorted(n for n in ADVANTAGES.names() if getattr(ADVANTAGES.get(n), "groups", False))
+        raise AssayError(f"rollout.group_size=1 with algo.advantage={advantage}: it compares each completion with the rest of its group, "
+                         "so one completion per prompt gets advantage 0 and nothing trains; set rollout.group_size to 2 or more, or an "
+                         f"estimator that needs no group (the ones that do: {', '.join(grouped)})")
+
+
 def check_plugins(cfg: RunConfig) -> None:
     """Fail fast, before any folder is made, on a misspelled plugin name or hyperparameter."""
     check_backend(cfg.rollout.backend)
-    ADVANTAGES.get(cfg.algo.advantage)
+    check_group_size(cfg.algo.advantage, cfg.rollout.group_size)
     POLICY_LOSSES.get(cfg.algo.loss)
     AGGREGATIONS.get(cfg.algo.aggregation)
     KL_ESTIMATORS.get(cfg.algo.kl_estimator)
@@ -161,7 +183,8 @@ class Trainer:
             ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))  # fp32 masters for a bf16 policy
         self.opt = self.weights.optimizer
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
-        self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps)
+        self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
+                                  cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
         self._saved_at: int | None = None
@@ -310,7 +333,7 @@ class Trainer:
             dynamic.add(groups, [scores(g) for g in groups])
             if dynamic.done:
                 break
-        metrics = rollout_metrics(*every)
+        metrics = rollout_metrics(*every, verdicts=self.executor.verdicts)
         metrics.update(self.executor.health(every[1], every[0]))
         metrics.update(self.picker.metrics())
         metrics.update({k: v for k, v in summed.items() if k.startswith("perf/") or self.gold is not None})
@@ -358,12 +381,14 @@ class Trainer:
         return {k: sum(v) / len(v) for k, v in agg.items()}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out greedy accuracy and length (nothing when the run has no held-out data)."""
+        """Held-out greedy accuracy (verified), the mean of a learned reward, and length (nothing without held-out data)."""
         if not self.source.heldout:
             return {}
+        verifier, reward = self.executor.heldout_scorers()
         with counting_off(self.sampler):  # held-out episodes stay out of the step's agent/* metrics
-            r = evaluate(self.sampler, self.executor.scorer(training=False), self.source.heldout, self.cfg.rollout.max_new_tokens)
-        return {"eval/accuracy": r.accuracy, "eval/mean_length": r.mean_length}
+            r = evaluate(self.sampler, verifier, self.source.heldout, self.cfg.rollout.max_new_tokens, reward=reward)
+        out = {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward, "eval/mean_length": r.mean_length}
+        return {k: v for k, v in out.items() if v is not None}
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self, progress: bool = True) -> RunResult:
@@ -434,15 +459,15 @@ class Trainer:
             bar.note(f"assay: warning: step {self.step}: {warning}")
         every = cfg.train.samples_every
         if every and (self.step == 1 or self.step % every == 0):
-            rows = sample_rows(trajs, results, cfg.train.samples_n)
+            rows = sample_rows(trajs, results, cfg.train.samples_n, tokenizer=self.tokenizer)
             for row in rows:
                 self.samples.log(self.step, row)
             if cfg.train.show_samples and rows and rows[0]["completions"]:
                 c = rows[0]["completions"][0]
-                bar.note(f"step {self.step}: {rows[0]['prompt']!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
+                bar.note(f"step {self.step}: {rows[0].get('prompt_text', rows[0]['prompt'])!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             metrics.update(self.evaluate())
-        self._log(metrics, last, bar, evaluated="eval/accuracy" in metrics)
+        self._log(metrics, last, bar, evaluated="eval/mean_length" in metrics)
         if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
             self.save()
 
@@ -460,10 +485,8 @@ class Trainer:
         from assay.report.metrics import read_metrics
 
         rows = read_metrics(self.run_dir / "metrics.jsonl")
-        evals = [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
         return {
-            "steps": self.step, "held-out accuracy at start": evals[0] if evals else None, "held-out accuracy at end": evals[-1] if evals else None,
-            "held-out problems": len(self.source.heldout), **_recent_reward(rows),
-            "model": self.cfg.model.path, "task": self.cfg.data.task or self.cfg.data.path,
+            "steps": self.step, **_heldout_figures(rows), "held-out problems": len(self.source.heldout), **_recent_reward(rows),
+            "model": self.cfg.model.path, **({"task": self.cfg.data.task} if self.cfg.data.task else {"data": self.cfg.data.path}),
             "total time (s)": round(sum(r.get("perf/step_s", 0) for r in rows), 1),
         }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,31 @@ def check_writable(folder: Path) -> None:
             return
 
 
+def stamped(name: str, parent: str | Path | None = None) -> str:
+    """`name` and the time: the folder name of a run without a `run_name` (with `-2`, `-3`, ... when a run
+    started in the same second already has that folder under `parent`)."""
+    base = f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
+    out, n = base, 1
+    while parent is not None and (Path(parent) / out).exists():
+        n += 1
+        out = f"{base}-{n}"
+    return out
+
+
 def new_run_dir(cfg: Any, folder: str | Path | None = None, default_name: str | None = None) -> Path:
     """Make the folder of a new run (`folder`, or `output_dir/run_name`); refuse one that already holds a run.
 
     `cfg` is any config with `output_dir` and `run_name` (`assay train`'s, `assay rm train`'s);
     without a run name the folder is `default_name`, or the task (data file) and a time stamp.
+    A folder holding only a config is a run to start.
     """
-    name = cfg.run_name or default_name or f"{cfg.data.task or Path(cfg.data.path or 'data').stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    name = cfg.run_name or default_name or stamped(cfg.data.task or Path(cfg.data.path or "data").stem, cfg.output_dir)
     run_dir = Path(folder) if folder is not None else Path(cfg.output_dir) / name
     check_writable(run_dir)
     if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
+        if latest_checkpoint(run_dir / "checkpoints") is None:
+            raise AssayError(f"run folder {str(run_dir)!r} holds a run that stopped before its first checkpoint; start it again from "
+                             f"the beginning with --restart {run_dir}, or choose another run_name")
         raise AssayError(f"run folder {str(run_dir)!r} already holds a run; continue it with --resume {run_dir}, "
                          "or choose another run_name")
     try:
@@ -88,10 +104,13 @@ def resumed_config(run_dir: str | Path, overrides: list[str] | None, safe: tuple
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise AssayError(f"--resume: run folder {str(run_dir)!r} does not exist")
+    if not is_run_folder(run_dir):
+        raise AssayError(f"--resume: {str(run_dir)!r} is not a run folder (no config.yaml, metrics.jsonl or checkpoints/ in it); "
+                         "give the folder a run wrote, output_dir/run_name")
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
-        raise AssayError(f"--resume: {str(run_dir)!r} has no finished checkpoint to continue from (the run stopped before its "
-                         "first save); start it again under another run_name")
+        raise AssayError(f"--resume: the run in {str(run_dir)!r} stopped before its first checkpoint, so there is nothing to continue; "
+                         f"start it again from the beginning with --restart {run_dir}")
     data = read_record(ckpt)["config"]
     for item in overrides or []:
         key = item.partition("=")[0]
@@ -100,6 +119,49 @@ def resumed_config(run_dir: str | Path, overrides: list[str] | None, safe: tuple
                              f"allowed: {', '.join(safe)}")
         apply_override(data, item)
     return data, ckpt
+
+
+#: what a run writes in its folder besides `config.yaml` and its plots: all that a restart removes
+RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "report.html", ".report.html.tmp", "checkpoints", "tensorboard")
+#: the plots of `assay rm train`'s report (`assay.rm.train.report_plots`), besides `assay train`'s
+RM_PLOTS = ("rm_loss.png", "heldout_pair_accuracy.png", "heldout_step_accuracy.png")
+
+
+def is_run_folder(run_dir: Path) -> bool:
+    """A folder a run wrote: its config, metrics or checkpoints are there."""
+    return any((run_dir / f).exists() for f in ("config.yaml", "metrics.jsonl", "checkpoints"))
+
+
+def restart_data(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The config (a plain dict) of a run that stopped before its first checkpoint, from its `config.yaml`, plus
+    `overrides`. A folder that is not a run, or whose run has a checkpoint to continue from, is refused in one
+    line. `clear_outputs` then empties the folder for the run to start again in it."""
+    from assay.config import read_yaml_mapping
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        what = "does not exist" if not run_dir.is_dir() else "is not a run folder (no config.yaml in it)"
+        raise AssayError(f"--restart: {str(run_dir)!r} {what}; give the folder a run wrote, output_dir/run_name")
+    if latest_checkpoint(run_dir / "checkpoints") is not None:
+        raise AssayError(f"--restart: the run in {str(run_dir)!r} has a checkpoint; continue it with --resume {run_dir} "
+                         "(a restart would throw its training away)")
+    data = read_yaml_mapping(str(run_dir / "config.yaml"))
+    for item in overrides or []:
+        apply_override(data, item)
+    return data
+
+
+def clear_outputs(run_dir: str | Path) -> None:
+    """Remove what a run wrote in its folder (`RUN_OUTPUTS` and its report's plots), leaving `config.yaml` and anything else."""
+    from assay.report.run_report import AGENT_PLOTS, PLOTS
+
+    run_dir = Path(run_dir)
+    for name in [*RUN_OUTPUTS, *PLOTS, *AGENT_PLOTS, *RM_PLOTS]:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:

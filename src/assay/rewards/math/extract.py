@@ -115,6 +115,52 @@ def _matching_brace(text: str, open_at: int) -> int:
     return -1
 
 
+# ------------------------------------------------------------------------ references
+
+_BACKSLASH_RUN = re.compile(r"\\+")
+_OPEN_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def undouble_backslashes(text: str) -> str:
+    r"""A reference stored with every backslash doubled, as JSON-escaped datasets hold LaTeX, read with
+    single ones; any other text as it is.
+
+    Doubled means: every run of backslashes has even length, so no command is written with one
+    backslash, and some doubled backslash starts a command of two or more letters or a set brace
+    (`\\frac`, `\\{`). LaTeX's own line break (`1 \\ 2` in a matrix) never meets both.
+
+        >>> print(undouble_backslashes(r"\\left(\\frac{1}{5},\\frac{1}{6}\\right)"))
+        \left(\frac{1}{5},\frac{1}{6}\right)
+        >>> print(undouble_backslashes(r"\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), undouble_backslashes(r"1 \\ 2"))
+        \begin{pmatrix} 1 \\ 2 \end{pmatrix} 1 \\ 2
+    """
+    runs = list(_BACKSLASH_RUN.finditer(text))
+    if not runs or any(len(m.group(0)) % 2 for m in runs):
+        return text
+    if not any(len(m.group(0)) % 4 == 2 and re.match(r"[A-Za-z]{2}|[{}]", text[m.end() :]) for m in runs):
+        return text
+    return _BACKSLASH_RUN.sub(lambda m: "\\" * (len(m.group(0)) // 2), text)
+
+
+def reference_boxes(text: str) -> list[tuple[int, int, str]] | None:
+    """The boxes of a reference answer (`find_boxes`), with a last box its author left open
+    (`\\boxed{W(n) = 1 \\text{ and } W(n) = -1`) read to the end of the text; None when the open
+    box's own braces do not balance (`\\boxed{\\frac{1}{2`), where what was meant is a guess.
+
+    A completion's unclosed box is never read this way: a reference is written by a person,
+    a completion cut off mid-box has no answer.
+    """
+    boxes = find_boxes(text)
+    start = boxes[-1][1] if boxes else 0
+    m = _OPEN_BOX.search(text, start)
+    if m is None:
+        return boxes
+    inner = re.sub(r"(?:(?<!\\)\$|\s|\.)+$", "", text[m.end() :])
+    if _matching_brace("{" + inner + "}", 0) != len(inner) + 1:
+        return None
+    return [*boxes, (m.start(), len(text), inner)]
+
+
 # ----------------------------------------------------------------------------- extraction
 
 _LABEL_EQ = r"(?:[A-Za-z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*="

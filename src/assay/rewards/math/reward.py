@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assay.rewards.base import REWARDS, Reward
-from assay.rewards.math.extract import Extraction, after_answer, extract_answer, find_boxes, think_tags
+from assay.rewards.math.extract import Extraction, after_answer, extract_answer, reference_boxes, think_tags, undouble_backslashes
 from assay.rewards.math.numbers import clean, norm, number, numbers_match, same_value
 from assay.rewards.math.parts import MAX_PARTS, distinct, drop_lhs, expand_pm, interval_pieces, label, match_parts, peel, split_answer, value_of
 from assay.rewards.math.policy import hedge_reason, too_complex
@@ -86,8 +86,13 @@ class MathReward(Reward):
         return self._golds[key]
 
     def _parse_gold(self, text: str) -> Gold | None:
-        """Several boxes in a reference are one answer with several parts (`\\boxed{1}` and `\\boxed{-2}`)."""
-        boxes = [peel(clean(b[2])) for b in find_boxes(text)]
+        """Several boxes in a reference are one answer with several parts (`\\boxed{1}` and `\\boxed{-2}`); a reference
+        with every backslash doubled, or with its last box left open, is read as its author meant (`reference_boxes`)."""
+        text = undouble_backslashes(text)
+        found = reference_boxes(text)
+        if found is None:
+            return None
+        boxes = [peel(clean(b[2])) for b in found]
         texts = [t for t in boxes if t] if boxes else [peel(clean(text))]
         if not texts:
             return None
