@@ -7,7 +7,8 @@
 #      machine's own packages (offline, from ./.whl), and torch must come out unchanged;
 #   2. the `gpu` tests (tests/test_gpu.py: sampling, every training path with a resume,
 #      evaluation, reward models, pre-training, all on CUDA);
-#   3. a 20-step main job on CUDA (`assay train model.device=cuda`): held-out accuracy before → after;
+#   3. a 20-step main job on CUDA (`assay train model.device=cuda`): held-out accuracy before → after
+#      (and, on a machine with 2 GPUs or more, 10 steps under `torchrun --nproc-per-node 2`);
 #   4. benchmarks/gpu_check.py at the 0.5B and 100M shapes in bf16: the torch backend's decoding
 #      against Hugging Face generate (tokens/s, ms per token step, fraction of the bandwidth
 #      roofline), GRPO steps against TRL (s/step), peak device memory.
@@ -86,6 +87,14 @@ steps = [r["perf/step_s"] for r in rows if "perf/step_s" in r]
 print(f"gpu-check: main job: held-out greedy accuracy {acc[0]:.3f} -> {acc[-1]:.3f}; median {sorted(steps)[len(steps) // 2]:.3f} s/step")
 sys.exit(0 if acc[-1] > acc[0] else 1)
 PY
+
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${GPUS:-0}" -ge 2 ]; then
+  say "torchrun on 2 GPUs (10 steps, FSDP2)"
+  timeout 240 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 -m assay train --no-progress model.device=cuda \
+    train.steps=10 train.eval_every=10 train.eval_n=200 output_dir="$OUT/runs" run_name=gpu-two >"$OUT/two.log" 2>&1 \
+    && grep "held-out accuracy" "$OUT/two.log" || { say "FAILED: torchrun on 2 GPUs"; tail -5 "$OUT/two.log"; status=1; }
+fi
 
 say "benchmark ($(left) s left)"
 if [ "$(left)" -gt 60 ]; then

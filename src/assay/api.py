@@ -83,7 +83,8 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         exception's `run_dir` and `step` say where to resume.
     """
     from assay.training.interrupt import Preempted
-    from assay.training.rl import RunResult, Trainer
+    from assay.training.rl import RunResult
+    from assay.training.sharded import trainer_class
     from assay.training.runs import clear_outputs, restart_data, resume_config, stamped
 
     if resume is not None and restart is not None:
@@ -101,17 +102,20 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         cfg = run_config(config, overrides)
         if isinstance(config, (str, Path)) and cfg.run_name is None:
             folder = Path(cfg.output_dir) / stamped(Path(config).stem, cfg.output_dir)
-    trainer = Trainer(cfg, run_dir=folder, resume=resume is not None)
+    trainer = trainer_class()(cfg, run_dir=folder, resume=resume is not None)  # one rank of a torchrun job, or the one process
     if trainer.finished:
         print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
               "nothing to do (raise train.steps to continue it)", file=sys.stderr)
         return RunResult(trainer.run_dir, trainer.summary())
-    print(f"run folder: {trainer.run_dir}", file=sys.stderr)
+    if trainer.ranks.main:
+        print(f"run folder: {trainer.run_dir}" + (f" ({trainer.ranks.world} processes)" if trainer.ranks.active else ""), file=sys.stderr)
     try:
-        return trainer.fit(progress=_progress(progress))
+        return trainer.fit(progress=_progress(progress) and trainer.ranks.main)
     except (KeyboardInterrupt, Preempted) as e:
         e.run_dir, e.step = trainer.run_dir, trainer.step  # type: ignore[attr-defined]
         raise
+    finally:
+        trainer.ranks.close()
 
 
 def evaluate(model: str | None = None, **kwargs: Any) -> dict[str, Any]:

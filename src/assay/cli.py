@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -48,9 +49,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = train(config_path, *overrides, resume=args.resume, restart=args.restart, progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
         return _stopped(e, "assay train")
-    for k, v in result.final.items():
-        print(f"{k}: {v}", file=sys.stderr)
-    print(f"report: {result.run_dir / 'report.html'}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
+        for k, v in result.final.items():
+            print(f"{k}: {v}", file=sys.stderr)
+        print(f"report: {result.run_dir / 'report.html'}", file=sys.stderr)
     return 0
 
 

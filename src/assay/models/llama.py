@@ -91,11 +91,20 @@ def rotary_table(model, like: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Te
     return cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
 
 
+def sharded(model) -> bool:
+    """Whether `model`'s weights are shards (FSDP2's DTensors), which only its own forward gathers."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(next(model.parameters()), DTensor)
+
+
 def batch_supported(model, batch) -> str | None:
     """None when `prefix_hidden` can run `batch` through `model`, else the reason it cannot."""
     why = supported(model, max_len=batch.input_ids.shape[1])
     if why is not None:
         return why
+    if sharded(model):
+        return "sharded weights (FSDP2): the model's own forward gathers them"
     if getattr(model.config, "attention_dropout", 0.0) and model.training:
         return "attention dropout"
     T = batch.response_len

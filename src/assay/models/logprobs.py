@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from assay.models.llama import FAMILY, batch_supported as forward_supported, prefix_hidden
+from assay.models.llama import FAMILY, batch_supported as forward_supported, prefix_hidden, sharded
 
 if TYPE_CHECKING:
     from assay.batch import Batch
@@ -93,7 +93,7 @@ def _fused_head(model) -> torch.Tensor | None:
     """The LM head's weight when logits are exactly `hidden @ W.T` (no bias, scale or soft-cap), else None."""
     cfg = getattr(model, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if getattr(cfg, "model_type", None) not in FAMILY or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+    if getattr(cfg, "model_type", None) not in FAMILY or not isinstance(head, torch.nn.Linear) or head.bias is not None or sharded(model):
         return None
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
         return None

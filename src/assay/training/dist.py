@@ -112,6 +112,19 @@ class Ranks:
             dist.destroy_process_group()
 
 
+class NullSink:
+    """What a rank other than 0 writes its metrics and samples to: nothing (rank 0 writes the run's files)."""
+
+    def log(self, step: int, row: dict) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def weighted_mean(ranks: Ranks, metrics: dict[str, float], weight: float) -> dict[str, float]:
     """Each key's mean over ranks, weighted by each rank's `weight` (its share of the batch); keys ending in
     `actor/loss` are sums of shares already and are added."""

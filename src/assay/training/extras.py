@@ -161,7 +161,8 @@ class GreedyRewards(Extra):
         from assay.rollout.base import SamplingParams
 
         t = self.trainer
-        greedy = t.sampler.generate(step.prompts, 1, SamplingParams(t.cfg.rollout.max_new_tokens, temperature=0.0))
+        with t.generating():
+            greedy = t.sampler.generate(step.prompts, 1, SamplingParams(t.cfg.rollout.max_new_tokens, temperature=0.0))
         scores = torch.tensor([float("nan") if r.score is None else r.score for r in t.executor.score(greedy, training=True)],
                               dtype=torch.float32, device=step.batch.group.device)
         return scores[step.batch.group]

@@ -4,7 +4,8 @@ Reads top to bottom. Every decision (which generation backend, estimator, extra,
 aggregation, reward) is a plugin looked up by name; this file only moves data between
 them. With an `env:` block the sampler runs whole episodes of an environment
 (`assay.rollout.multiturn.EpisodeSampler`) and the default reward is the episode's; nothing
-else here changes. Left out on purpose: asynchronous rollouts, distributed learners.
+else here changes. Several processes (`torchrun`) run `ShardedTrainer` (`assay.training.sharded`),
+which overrides the few steps that differ. Left out on purpose: asynchronous rollouts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from assay.report.trackers import Trackers, check_trackers
 from assay.rewards.executor_factory import make_executor
 from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
 from assay.rollout.multiturn import counting_off, episode_sampler
+from assay.training.dist import NullSink, Ranks, load_sharded
 from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
 from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
@@ -150,9 +152,10 @@ class Trainer:
         check_plugins(cfg)
         self.threads = ThreadGovernor(cfg.train.threads)
         torch.manual_seed(cfg.seed)
-        self.device = check_device(cfg.model.device)
+        self.ranks = self._join()  # one process; a `torchrun` job's ranks in `ShardedTrainer`
+        self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
-        self.model, self.tokenizer = load_policy(cfg.model.path, cfg.model.device, cfg.model.dtype, cfg.model.chat_template)
+        self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
         self.ref = None
         if cfg.algo.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -169,7 +172,7 @@ class Trainer:
         self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
         if resume and run_dir is None:
             raise AssayError("--resume needs the run folder to continue")
-        self.run_dir = Path(run_dir) if resume else new_run_dir(cfg, run_dir)
+        self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.sampler = make_sampler(cfg.rollout.backend, self.model, self.tokenizer, cfg.rollout, self.device)
         if cfg.env is not None:  # each rollout is an episode of the environment
@@ -177,7 +180,8 @@ class Trainer:
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
         self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
-        self.generator = torch.Generator(device="cpu").manual_seed(cfg.seed)  # the run's stream; a sampler on a device seeds its own from it
+        self.generator = torch.Generator(device="cpu").manual_seed(self._stream_seed())  # a sampler on a device seeds its own from it
+        self._place()  # before the optimizer: a sharded policy's optimizer steps its shards
         fused = cfg.optim.fused and self.device.type in ("cpu", "cuda")
         self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(
             ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))  # fp32 masters for a bf16 policy
@@ -191,9 +195,39 @@ class Trainer:
         self.trackers = Trackers([], self.run_dir, {})  # the run's trackers open when `fit` starts
         if resume:
             self._resume()
-        write_config(self.run_dir, cfg)
-        self.sink = JsonlSink(self.run_dir / "metrics.jsonl", truncate_after=self.step)
-        self.samples = JsonlSink(self.run_dir / "samples.jsonl", truncate_after=self.step)
+        main = self.ranks.main  # only one process writes the run's files
+        if main:
+            write_config(self.run_dir, cfg)
+        self.sink = JsonlSink(self.run_dir / "metrics.jsonl", truncate_after=self.step) if main else NullSink()
+        self.samples = JsonlSink(self.run_dir / "samples.jsonl", truncate_after=self.step) if main else NullSink()
+
+    # -- where a run of several processes differs (`assay.training.sharded`) ------------
+    def _join(self) -> Ranks:
+        return Ranks()
+
+    def _policy_dtype(self) -> str:
+        return self.cfg.model.dtype
+
+    def _new_run_dir(self, folder: Path | None) -> Path:
+        return new_run_dir(self.cfg, folder)
+
+    def _stream_seed(self) -> int:
+        """The seed of the run's own random stream (the sampler's draws)."""
+        return self.cfg.seed
+
+    def _place(self) -> None:
+        """Put the policy where it trains (one process: where it was loaded)."""
+
+    def generating(self) -> contextlib.AbstractContextManager:
+        """Hold the policy's whole weights while a sampler reads them (one process: always)."""
+        return contextlib.nullcontext()
+
+    def _guard(self, signals) -> contextlib.AbstractContextManager:
+        """What a step's rollout runs under: a signal stops it at once (several processes: only between steps)."""
+        return contextlib.nullcontext()
+
+    def _raise_pending(self, signals) -> None:
+        signals.raise_pending()
 
     @property
     def finished(self) -> bool:
@@ -230,14 +264,17 @@ class Trainer:
         check_same_run(record["config"], self.cfg)
         if self.cfg.train.steps < record["step"]:
             raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
-        from safetensors.torch import load_file
-
-        self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
-        if self.ref is not None and hasattr(self.model, "tie_weights"):
-            self.model.tie_weights()
         state = load_state(ckpt)
-        self.weights.load_master(state.get("master_weights"))
-        self.opt.load_state_dict(state["optimizer"])
+        if (ckpt / "dcp").is_dir():  # written by a torchrun job (`assay.training.sharded`): its shards, read whole
+            load_sharded(ckpt, self.model, self.opt)
+        else:
+            from safetensors.torch import load_file
+
+            self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+            if self.ref is not None and hasattr(self.model, "tie_weights"):
+                self.model.tie_weights()
+            self.weights.load_master(state.get("master_weights"))
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self._restore({"data": state["data"], "selection": state.get("selection", state.get("sampling")), "rng": state["rng"]})
         saved = state.get("extras") or {"values": state.get("critic_optimizer")}  # checkpoints before extras had names
@@ -313,12 +350,9 @@ class Trainer:
         every: tuple[list, list] = ([], [])
         summed = {"perf/generate_s": 0.0, "perf/reward_s": 0.0, "selection/gold_injected": 0.0, "selection/gold_rejected": 0.0}  # over rounds
         while True:
-            t0 = time.perf_counter()
-            trajs = self.sampler.generate(self.picker.next(n), cfg.rollout.group_size, self.params, self.generator)
-            t1 = time.perf_counter()
-            results = self.executor.score(trajs, training=True)
-            summed["perf/generate_s"] += t1 - t0
-            summed["perf/reward_s"] += time.perf_counter() - t1
+            trajs, results, generate_s, reward_s = self._sample(self.picker.next(n))
+            summed["perf/generate_s"] += generate_s
+            summed["perf/reward_s"] += reward_s
             for t in trajs:  # group ids unique over the step's rounds, for the reward-health metrics
                 t.group += len(every[0]) // cfg.rollout.group_size
             every[0].extend(trajs)
@@ -343,6 +377,15 @@ class Trainer:
             groups = dynamic.take()[0] or groups
         trajs, results = join_groups(groups)
         return trajs, results, metrics
+
+    def _sample(self, prompts: list) -> tuple[list, list, float, float]:
+        """G completions of each prompt and their rewards, and the seconds each took."""
+        t0 = time.perf_counter()
+        with self.generating():
+            trajs = self.sampler.generate(prompts, self.cfg.rollout.group_size, self.params, self.generator)
+        t1 = time.perf_counter()
+        results = self.executor.score(trajs, training=True)
+        return trajs, results, t1 - t0, time.perf_counter() - t1
 
     def _correct_mismatch(self, batch):
         """Recompute the sampled tokens' logprobs with the trainer (no grad); TIS/MIS weights for the loss.
@@ -382,11 +425,12 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy accuracy (verified), the mean of a learned reward, and length (nothing without held-out data)."""
-        if not self.source.heldout:
-            return {}
+        return self._evaluate_on(self.source.heldout) if self.source.heldout else {}
+
+    def _evaluate_on(self, problems: list) -> dict[str, float]:
         verifier, reward = self.executor.heldout_scorers()
-        with counting_off(self.sampler):  # held-out episodes stay out of the step's agent/* metrics
-            r = evaluate(self.sampler, verifier, self.source.heldout, self.cfg.rollout.max_new_tokens, reward=reward)
+        with counting_off(self.sampler), self.generating():  # held-out episodes stay out of the step's agent/* metrics
+            r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, reward=reward)
         out = {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward, "eval/mean_length": r.mean_length}
         return {k: v for k, v in out.items() if v is not None}
 
@@ -402,32 +446,33 @@ class Trainer:
         with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack, \
                 StopSignals(notify=bar.note) as signals:
             stack.callback(self.executor.close)
-            self.trackers = Trackers(cfg.train.report_to, self.run_dir, cfg.model_dump(mode="json"), self._saved_at)
+            self.trackers = Trackers(cfg.train.report_to if self.ranks.main else [], self.run_dir, cfg.model_dump(mode="json"), self._saved_at)
             stack.callback(self.trackers.close)
             try:
                 if self.step == 0 and self.evaluated_at is None:
                     with signals.critical():
                         self._log(self.evaluate(), last, bar)
-                    signals.raise_pending()
+                    self._raise_pending(signals)
                 while self.step < cfg.train.steps:
                     snapshot = self._snapshot()
                     try:
-                        rollout = self.collect()
+                        with self._guard(signals):
+                            rollout = self.collect()
                     except BaseException:
                         self._restore(snapshot)  # no weight changed: the checkpoint is the last finished step's
                         raise
                     with signals.critical():
                         self._finish_step(self.learn(rollout), last, bar)
-                    signals.raise_pending()
+                    self._raise_pending(signals)
                     if self.health.stop:
                         raise RunCannotLearn(self.health.stop)
                 with signals.critical():
                     summary = self._wrap_up(last, bar)
-                signals.raise_pending()  # a signal during the last step's wrap-up: the run is complete anyway
+                self._raise_pending(signals)  # a signal during the last step's wrap-up: the run is complete anyway
             except (KeyboardInterrupt, Preempted, RunCannotLearn) as e:
                 if not signals.torn and self._saved_at != self.step:
                     self.save()
-                if isinstance(e, RunCannotLearn):  # the report shows why, with the samples
+                if isinstance(e, RunCannotLearn) and self.ranks.main:  # the report shows why, with the samples
                     write_report(self.run_dir, cfg.model_dump(mode="json"), {**self.summary(), "stopped": str(e)})
                 raise
             finally:

@@ -1,0 +1,299 @@
+"""`ShardedTrainer`: one rank of `torchrun --nproc-per-node N -m assay train ...` (see `assay.training.dist`).
+
+It is `Trainer` with the steps that differ when N processes share a run:
+
+- rollout: a rank generates and scores its share of the step's prompts (whole groups), holding
+  the policy's whole weights only while it generates; the trajectories and rewards are gathered
+  so every rank continues with the whole step, as one process would have;
+- update: each rank trains on its share of every minibatch's groups with the minibatch's own
+  denominator, FSDP2 summing the gradients; every rank runs exactly one forward and backward per
+  minibatch (a rank without rows in one runs a masked row), so their collectives pair up;
+- evaluation: each rank evaluates its share of the held-out problems; the figures are combined;
+- signals: a step is never torn; at each step's end the ranks agree whether any was signalled,
+  and all stop at the same step with one checkpoint;
+- checkpoints: sharded (`dist.save_sharded`), a rank's random stream in its own file, the rest
+  written once by rank 0; `--resume` reads them into any number of ranks, and reads a
+  single-process checkpoint too. `final/` is assembled on rank 0 as one Hugging Face folder.
+
+Left out, and refused in one line: a model outside the Llama family (generation reads the
+gathered weights through `StaticDecoder`, without the model's own forward), engine backends (their
+weight sync from a sharded learner is not written yet). Not applied: micro-batches
+(`train.micro_batch_mb`; a rank's micro-batch count would have to match the others', so a rank
+runs its share of a minibatch whole). The reference policy and a critic are replicated on every
+rank, not sharded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from assay.errors import AssayError
+from assay.models.llama import supported
+from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints,
+                                       rng_state)
+from assay.training.dist import (Ranks, full_state, full_weights, load_full_state, load_sharded, named_optimizer_state, save_sharded, shard,
+                                 weighted_mean)
+from assay.training.learner import accumulate_step, policy_step
+from assay.training.rl import Trainer, _stem
+from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record
+
+
+def _rng_file(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
+class ShardedTrainer(Trainer):
+    """A `Trainer` for one rank of a `torchrun` job; on its own (no `WORLD_SIZE`) it is a plain `Trainer`."""
+
+    # -- set-up ------------------------------------------------------------------------
+    def _join(self) -> Ranks:
+        ranks = Ranks.from_env(torch.device(self.cfg.model.device))
+        cfg = self.cfg
+        if ranks.active:
+            if cfg.rollout.backend != "torch":
+                raise AssayError(f"torchrun with {ranks.world} processes: rollout.backend={cfg.rollout.backend} is not supported yet "
+                                 "(the torch backend is; an engine's weight sync from a sharded learner is still to be written)")
+        return ranks
+
+    def _policy_dtype(self) -> str:
+        return "float32" if self.ranks.active else self.cfg.model.dtype  # bf16 comes from FSDP2's mixed precision, over fp32 shards
+
+    def _new_run_dir(self, folder: Path | None) -> Path:
+        made: Any = None
+        if self.ranks.main:
+            try:
+                made = new_run_dir(self.cfg, folder)
+            except AssayError as e:
+                made = e
+        made = self.ranks.broadcast(made)
+        if isinstance(made, AssayError):
+            raise made
+        return Path(made)
+
+    def _stream_seed(self) -> int:
+        return self.cfg.seed + 1_000_003 * self.ranks.rank  # each rank draws its own completions
+
+    def _place(self) -> None:
+        if not self.ranks.active:
+            return
+        why = supported(self.model)
+        if why is not None:
+            raise AssayError(f"torchrun: the policy's generation reads its gathered weights through assay's Llama-family decoder, "
+                             f"which this model cannot take ({why})")
+        bf16 = self.cfg.model.dtype == "bfloat16"
+        if self.ref is not None and bf16:
+            self.ref.to(torch.bfloat16)
+        shard(self.model, self.ranks, bf16=bf16)
+
+    def generating(self):
+        return full_weights(self.model)
+
+    def _guard(self, signals):
+        return signals.critical() if self.ranks.active else contextlib.nullcontext()
+
+    def _raise_pending(self, signals) -> None:
+        if not self.ranks.active:
+            return signals.raise_pending()
+        mine = signals.pending
+        if self.ranks.any(mine is not None):  # one rank's signal stops every rank at this same step
+            signals.pending = None
+            raise signals.exception(mine if mine is not None else signal.SIGTERM)
+
+    # -- a step ------------------------------------------------------------------------
+    def _sample(self, prompts: list) -> tuple[list, list, float, float]:
+        if not self.ranks.active:
+            return super()._sample(prompts)
+        share = self.ranks.share(len(prompts))
+        if share.stop > share.start:
+            trajs, results, generate_s, reward_s = super()._sample(prompts[share])
+        else:
+            with self.generating():  # gathering the weights is collective: every rank takes part
+                trajs, results, generate_s, reward_s = [], [], 0.0, 0.0
+        parts = self.ranks.gather((share.start, trajs, results, generate_s, reward_s))
+        every_trajs, every_results = [], []
+        for start, ts, rs, _, _ in parts:
+            for t in ts:
+                t.group += start  # the prompt's place in the whole step
+            every_trajs.extend(ts)
+            every_results.extend(rs)
+        return every_trajs, every_results, max(p[3] for p in parts), max(p[4] for p in parts)
+
+    def _update(self, batch, advantages) -> dict[str, float]:
+        if not self.ranks.active:
+            return super()._update(batch, advantages)
+        from assay.algos import AGGREGATIONS
+
+        cfg = self.cfg
+        self.model.train()
+        groups = torch.unique(batch.group)
+        mine = groups[self.ranks.share(len(groups))]
+        unit = getattr(AGGREGATIONS.get(cfg.algo.aggregation), "unit", None)
+        if unit is None:
+            raise AssayError(f"torchrun: algo.aggregation={cfg.algo.aggregation!r} declares no unit, so ranks cannot share its denominator")
+        agg: dict[str, list[float]] = {}
+        B = batch.rewards.shape[0]
+        for _ in range(cfg.algo.epochs):
+            for idx in torch.arange(B, device=self.device).chunk(cfg.algo.minibatches):
+                sub = batch.select(idx)
+                total = float(sub.mask.sum()) if unit == "token" else float(idx.numel())
+                rows = idx[torch.isin(batch.group[idx], mine)]
+                self.weights.zero_grad()
+                if rows.numel():
+                    m = accumulate_step(self.model, self.ref, batch.select(rows), advantages[rows], cfg.algo, cfg.rollout.temperature,
+                                        cfg.rollout.max_new_tokens, 0, cfg.train.fast_forward, False, total=total)
+                    share = (float(batch.mask[rows].sum()) if unit == "token" else float(rows.numel())) / max(total, 1.0)
+                else:
+                    m, share = self._idle_pass(batch.select(idx[:1]), advantages[idx[:1]]), 0.0
+                m = weighted_mean(self.ranks, m, share)
+                m["actor/grad_norm"] = self.weights.step(cfg.optim.grad_clip)
+                for k, v in m.items():
+                    agg.setdefault(k, []).append(v)
+        self.model.eval()
+        return {k: sum(v) / len(v) for k, v in agg.items()}
+
+    def _idle_pass(self, row, advantage) -> dict[str, float]:
+        """A forward and backward that changes no gradient (a masked row), so this rank's collectives pair with the others'."""
+        import dataclasses
+
+        masked = dataclasses.replace(row, mask=torch.zeros_like(row.mask))
+        loss, _ = policy_step(self.model, self.ref, masked, advantage, self.cfg.algo, self.cfg.rollout.temperature, self.cfg.rollout.max_new_tokens,
+                              self.cfg.train.fast_forward)
+        (loss * 0.0).backward()
+        return {}
+
+    def evaluate(self) -> dict[str, float]:
+        heldout = self.source.heldout
+        if not self.ranks.active or not heldout:
+            return super().evaluate()
+        share = self.ranks.share(len(heldout))
+        if share.stop > share.start:
+            mine = self._evaluate_on(heldout[share])
+        else:
+            with self.generating():  # the gather is collective: every rank takes part
+                mine = {}
+        return weighted_mean(self.ranks, mine, float(share.stop - share.start))
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        if self.ranks.active:  # the model's and optimizer's state are in the sharded files
+            state.pop("optimizer")
+            state.pop("master_weights")
+        return state
+
+    def save(self) -> Path:
+        if not self.ranks.active:
+            return super().save()
+        folder = self.ckpt_dir / f"step_{self.step:06d}"
+        tmp = folder.with_name(f".tmp-{folder.name}")
+        if self.ranks.main:
+            self.sink.sync()
+            self.samples.sync()
+            self.trackers.flush()
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.ranks.barrier()
+        save_sharded(tmp, self.model, self.opt)
+        torch.save(rng_state(self.generator), tmp / _rng_file(self.ranks.rank))
+        state = self._state()
+        self.ranks.barrier()
+        if self.ranks.main:
+            from safetensors.torch import save_file
+
+            self.tokenizer.save_pretrained(tmp)
+            for name, extra in self.extras.items():
+                if (t := extra.tensors()) is not None:
+                    save_file({k: v.detach().cpu().contiguous() for k, v in t.items()}, tmp / f"{_stem(name)}.safetensors")
+            (tmp / RUN_FILE).write_text(json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1))
+            (tmp / "ranks.json").write_text(json.dumps({"world_size": self.ranks.world}))
+            torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete
+            if folder.exists():
+                _remove(folder)
+            tmp.rename(folder)
+            prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+        self.ranks.barrier()
+        self._saved_at = self.step
+        return folder
+
+    def _resume(self) -> None:
+        if not self.ranks.active:
+            return super()._resume()
+        if self.ranks.main:
+            clean_leftovers(self.ckpt_dir)
+        self.ranks.barrier()
+        ckpt = latest_checkpoint(self.ckpt_dir)
+        if ckpt is None:
+            raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
+        record = read_record(ckpt)
+        check_same_run(record["config"], self.cfg)
+        if self.cfg.train.steps < record["step"]:
+            raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
+        state = load_state(ckpt)
+        if (ckpt / "dcp").is_dir():
+            load_sharded(ckpt, self.model, self.opt)
+        else:  # a single process wrote it: its whole weights and AdamW state, spread over the ranks
+            from safetensors.torch import load_file
+
+            load_full_state(self.model, self.opt, load_file(ckpt / "model.safetensors"), named_optimizer_state(self.model, state["optimizer"]))
+        self.sched.load_state_dict(state["scheduler"])
+        own = ckpt / _rng_file(self.ranks.rank)
+        rng = torch.load(own, weights_only=False) if own.is_file() else None
+        self._restore({"data": state["data"], "selection": state.get("selection"), "rng": rng or state["rng"]})
+        if rng is None and self.ranks.rank:  # a rank the checkpoint's run did not have: its own stream from here
+            self.generator.manual_seed(self._stream_seed() + record["step"])
+        saved = state.get("extras") or {}
+        for name, extra in self.extras.items():
+            weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
+            extra.load(weights, saved.get(name))
+        if state.get("health") is not None:
+            self.health.load_state_dict(state["health"])
+        self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
+        self.sampler.update_weights(self.model, self.step)
+
+    def _wrap_up(self, last: dict[str, float], bar) -> dict[str, Any]:
+        if not self.ranks.active:
+            return super()._wrap_up(last, bar)
+        from assay.report.model_card import card_files
+        from assay.report.run_report import PLOTS, write_report
+        from assay.training.checkpoint import save_checkpoint
+
+        if self.evaluated_at != self.step:
+            self._log(self.evaluate(), last, bar)
+        if self._saved_at != self.step:
+            self.save()
+        weights, _ = full_state(self.model)  # every rank takes part; rank 0 holds the whole model
+        summary: dict[str, Any] = {}
+        if self.ranks.main:
+            config, summary = self.cfg.model_dump(mode="json"), self.summary()
+            write_report(self.run_dir, config, summary)
+            self.trackers.images(self.step, [self.run_dir / name for name in PLOTS])
+            card = card_files(self.run_dir, config, summary, self.cfg.reward or self.source.reward)
+            save_checkpoint(self.run_dir / "final", _plain_model(self.model, weights, self.cfg.model.dtype), self.tokenizer, {"step": self.step},
+                            files=card)
+        self.ranks.barrier()
+        return summary
+
+
+def _plain_model(sharded, weights: dict[str, torch.Tensor], dtype: str):
+    """An ordinary (unsharded) model of `sharded`'s architecture holding `weights`, for `save_pretrained`."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(sharded.config)
+    model.load_state_dict(weights, assign=True)
+    model.tie_weights()
+    return model.to(getattr(torch, dtype))
+
+
+def trainer_class() -> type[Trainer]:
+    """`ShardedTrainer` when `torchrun` started this process (`WORLD_SIZE` > 1), else `Trainer`."""
+    import os
+
+    return ShardedTrainer if int(os.environ.get("WORLD_SIZE", "1")) > 1 else Trainer
