@@ -102,6 +102,8 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         cfg = run_config(config, overrides)
         if isinstance(config, (str, Path)) and cfg.run_name is None:
             folder = Path(cfg.output_dir) / stamped(Path(config).stem, cfg.output_dir)
+    if cfg.cluster.ray:  # workers placed by Ray (assay.cluster)
+        return _train_on_ray(cfg, folder, resume is not None, progress)
     trainer = trainer_class()(cfg, run_dir=folder, resume=resume is not None)  # one rank of a torchrun job, or the one process
     if trainer.finished:
         print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
@@ -116,6 +118,33 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         raise
     finally:
         trainer.ranks.close()
+
+
+def _train_on_ray(cfg, folder, resume: bool, progress: bool | None) -> "RunResult":
+    """`train` with `cluster.ray`: the learner here, or `cluster.learner_workers` learner actors; the local cluster stopped after."""
+    from assay.cluster import connect, shutdown
+    from assay.cluster.learners import run_learners
+    from assay.training.rl import RunResult, Trainer
+    from assay.training.runs import new_run_dir
+
+    started = connect(cfg.cluster)
+    try:
+        if cfg.cluster.learner_workers == 1:
+            trainer = Trainer(cfg, run_dir=folder, resume=resume)
+            print(f"run folder: {trainer.run_dir} (Ray: {cfg.cluster.rollout_workers} rollout, {cfg.cluster.reward_workers} reward workers)",
+                  file=sys.stderr)
+            try:
+                return trainer.fit(progress=_progress(progress))
+            except BaseException as e:
+                e.run_dir, e.step = trainer.run_dir, trainer.step  # type: ignore[attr-defined]
+                raise
+            finally:
+                trainer.sampler.close()  # the rollout actors
+        run_dir = Path(folder) if resume else new_run_dir(cfg, folder)
+        print(f"run folder: {run_dir} (Ray: {cfg.cluster.learner_workers} learner workers)", file=sys.stderr)
+        return RunResult(run_dir, run_learners(cfg, run_dir, resume))
+    finally:
+        shutdown(started)
 
 
 def evaluate(model: str | None = None, **kwargs: Any) -> dict[str, Any]:

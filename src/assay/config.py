@@ -336,6 +336,28 @@ class EnvConfig(Section):
     for chat models; false: plain text, as the bundled character-level model reads."""
 
 
+class ClusterConfig(Section):
+    """Workers placed by Ray (docs/scaling.md, "Ray"): rollout, reward and learner processes as Ray actors."""
+
+    ray: bool = False
+    """Run the workers below as Ray actors (needs the `ray` extra: `pip install 'assay[ray]'`)."""
+    address: str | None = None
+    """An existing Ray cluster (`auto`, or `ray://HOST:10001`); null: a local cluster started for the run."""
+    rollout_workers: int = Field(0, ge=0)
+    """Ray actors that generate (each holds the policy, its weights pushed after every update); 0: the learner generates."""
+    reward_workers: int = Field(0, ge=0)
+    """Ray actors that score (each runs the reward with `reward_workers` processes of its own for isolation);
+    0: the learner's own reward executor."""
+    learner_workers: int = Field(1, ge=1)
+    """Ray actors that train, as the ranks of one FSDP2 job (`torchrun`'s, set up by assay), kept together by a placement group."""
+    cpus_per_worker: float = Field(1.0, gt=0.0)
+    """CPUs Ray reserves for each actor."""
+    gpus_per_learner: float = Field(0.0, ge=0.0)
+    """GPUs Ray reserves for each learner actor (one each with `model.device=cuda`)."""
+    gpus_per_rollout: float = Field(0.0, ge=0.0)
+    """GPUs Ray reserves for each rollout actor."""
+
+
 class RunConfig(Section):
     """A whole `assay train` run."""
 
@@ -362,6 +384,8 @@ class RunConfig(Section):
     env: EnvConfig | None = None
     """A multi-turn environment (docs/agents.md); null: single-turn completions. With an
     environment the default reward is the episode's (`episode`); a `reward` block replaces it."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Workers placed by Ray (docs/scaling.md); by default everything runs in this process (or in `torchrun`'s)."""
 
     @model_validator(mode="before")
     @classmethod

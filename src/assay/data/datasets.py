@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 from typing import Any, Iterator
 
+from assay.data.formats import MISSING, column, convert_rows, get_format
 from assay.data.tasks import make_task
 from assay.data.tasks.base import Task
 from assay.errors import AssayError
@@ -81,30 +82,6 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json (gzipped too), .parquet, or a datasets folder")
 
 
-#: what `column` returns for a column a row does not have
-MISSING = object()
-
-
-def column(row: dict[str, Any], name: str) -> Any:
-    """The value of column `name` in `row`, or `MISSING`. A name with dots that is not itself a column is a
-    path into nested objects (and lists, by index): verl's `reward_model.ground_truth`, `extra_info.index`.
-
-        >>> column({"reward_model": {"ground_truth": "72"}}, "reward_model.ground_truth")
-        '72'
-    """
-    if name in row:
-        return row[name]
-    if "." not in name:
-        return MISSING
-    node: Any = row
-    for part in name.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return MISSING
-    return node
 
 
 def check_field_keys(fields: dict[str, str], allowed: tuple[str, ...], where: str) -> None:
@@ -179,7 +156,6 @@ def samples_from(path: str, data) -> list[Sample]:
     """The samples of a data file as a `DataConfig` reads it: its format converted, columns mapped, chat applied."""
     rows, fields = read_rows(path), data.fields
     if data.format:
-        from assay.data.formats import convert_rows
 
         rows, skipped = convert_rows(rows, data.format, fields, path)
         fields = {}
@@ -191,7 +167,6 @@ def samples_from(path: str, data) -> list[Sample]:
 def data_reward(data) -> str | dict[str, Any] | None:
     """The reward a data source brings: its format's (`data.format`), else None."""
     if data.path and data.format:
-        from assay.data.formats import get_format
 
         return get_format(data.format).reward
     return None

@@ -152,6 +152,32 @@ FORMATS.register("humaneval")(Format(("prompt", "test", "entry_point"), _humanev
 FORMATS.register("apps")(Format(("question", "input_output"), _apps, "code"))
 
 
+#: what `column` returns for a column a row does not have
+MISSING = object()
+
+
+def column(row: dict[str, Any], name: str) -> Any:
+    """The value of column `name` in `row`, or `MISSING`. A name with dots that is not itself a column is a
+    path into nested objects (and lists, by index): verl's `reward_model.ground_truth`, `extra_info.index`.
+
+        >>> column({"reward_model": {"ground_truth": "72"}}, "reward_model.ground_truth")
+        '72'
+    """
+    if name in row:
+        return row[name]
+    if "." not in name:
+        return MISSING
+    node: Any = row
+    for part in name.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
 def get_format(name: str) -> Format:
     """The format called `name` (or a `module:attr` path); one line naming the known ones otherwise."""
     fmt = FORMATS.get(name)
@@ -163,8 +189,6 @@ def get_format(name: str) -> Format:
 def convert_rows(rows: list[dict[str, Any]], name: str, rename: dict[str, str], source: str) -> tuple[list[dict[str, Any]], int]:
     """`(assay rows, rows left out)`: each row read with `rename` ({format column: file column, dotted for a nested
     one}), then converted."""
-    from assay.data.datasets import MISSING, column
-
     fmt = get_format(name)
     out, skipped = [], 0
     for i, raw in enumerate(rows):

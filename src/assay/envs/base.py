@@ -119,7 +119,7 @@ ENVS: Registry[Callable[..., Environment]] = Registry("environment")
 
 def env_factory(name: str, args: dict[str, Any] | None = None) -> Callable[[], Environment]:
     """A function making a fresh environment `name` (registered, or `module:attr`) with `args`; checked once here."""
-    from assay import envs  # noqa: F401  (registers the bundled environments)
+    import assay.envs  # noqa: F401  (registers the bundled environments)
 
     make = ENVS.get(name)
     args = dict(args or {})

@@ -75,7 +75,7 @@ def resolve(task: str | None, task_args: dict | None, data, run: str | None, rew
             raise AssayError("--data needs --reward (the reward that checks these rows: a name, module:attr, or a YAML block) "
                              "or --format (a standard layout that brings its reward)")
         return samples_from(data.path, data)[:n], reward, own, {"data": data.path, **({"format": data.format} if data.format else {})}
-    from assay import envs  # noqa: F401  (registers the environments' tasks: sql-agent, code-fix)
+    import assay.envs  # noqa: F401  (registers the environments' tasks: sql-agent, code-fix)
 
     t = make_task(task or "arithmetic", **(task_args or {}))
     return t.heldout(n), reward or t.reward, t.reward, {"task": task or "arithmetic"}
@@ -117,7 +117,7 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
 
     from assay.eval.bestof import spec_name
     from assay.eval.policy import evaluate
-    from assay.rewards.base import gives_verdicts
+    from assay.rewards.executor import gives_verdicts
     from assay.rewards.executor import RewardExecutor
     from assay.rewards.spec import build_reward
 

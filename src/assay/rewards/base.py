@@ -62,12 +62,4 @@ def score_safely(reward: Reward, traj: Trajectory) -> RewardResult:
     return result
 
 
-def gives_verdicts(reward: Reward) -> bool:
-    """Whether `reward`'s scores are verdicts: it and every reward inside it declare `verdict` (a composition
-    holding a reward model, or a transform over a judge, does not)."""
-    from assay.rewards.executor import _rewards
-
-    return all(getattr(r, "verdict", True) for r in _rewards(reward))
-
-
 REWARDS: Registry[type[Reward]] = Registry("reward")

@@ -70,6 +70,12 @@ def _preload(reward: Reward) -> list[str]:
     return [m for m in _modules(reward) if m != "__main__"]
 
 
+def gives_verdicts(reward: Reward) -> bool:
+    """Whether `reward`'s scores are verdicts: it and every reward inside it declare `verdict` (a composition
+    holding a reward model, or a transform over a judge, does not)."""
+    return all(getattr(r, "verdict", True) for r in _rewards(reward))
+
+
 def _rewards(reward: Reward) -> Iterator[Reward]:
     """A reward and every reward inside it (attributes, lists, tuples and dicts of them, and dataclasses
     such as a rubric's criteria holding them), each once."""

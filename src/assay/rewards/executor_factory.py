@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from assay.errors import AssayError
-from assay.rewards.base import gives_verdicts
-from assay.rewards.executor import RewardExecutor
+from assay.rewards.executor import RewardExecutor, gives_verdicts
 from assay.rewards.monitors import reward_health
 from assay.rewards.spec import build_reward
 
@@ -18,8 +17,8 @@ class TrainingRewards:
     `trajectories -> results` function, for code that takes one (`assay.eval.policy.evaluate`).
     """
 
-    def __init__(self, reward, workers: int, timeout: float, verifier=None):
-        self.executor = RewardExecutor(reward, workers=workers, timeout=timeout)
+    def __init__(self, reward, workers: int, timeout: float, verifier=None, executor: RewardExecutor | None = None):
+        self.executor = executor if executor is not None else RewardExecutor(reward, workers=workers, timeout=timeout)
         self.verdicts = gives_verdicts(reward)
         self.verifier = RewardExecutor(verifier, workers=0, timeout=timeout) if verifier is not None and not self.verdicts else None
         self._pending: dict[str, float] = {}
@@ -70,4 +69,13 @@ def make_executor(cfg, task_reward: str | None) -> TrainingRewards:
     if spec is None:
         raise AssayError("reward: this data has no built-in verifier; set a reward block (reward=NAME, see docs/rewards.md)")
     verifier = build_reward(task_reward) if task_reward is not None and cfg.reward is not None else None
-    return TrainingRewards(build_reward(spec), cfg.reward_workers, cfg.reward_timeout, verifier)
+    reward = build_reward(spec)
+    executor = None
+    cluster = getattr(cfg, "cluster", None)
+    if cluster is not None and cluster.ray and cluster.reward_workers:  # the reward's CPU work on Ray actors (assay.cluster)
+        from assay.cluster import RayRewardExecutor, connect
+
+        connect(cluster)
+        executor = RayRewardExecutor(reward, cluster.reward_workers, cfg.reward_workers, cfg.reward_timeout, cluster.cpus_per_worker,
+                                     key=f"assay-{cfg.run_name or 'run'}")
+    return TrainingRewards(reward, cfg.reward_workers, cfg.reward_timeout, verifier, executor)

@@ -174,7 +174,13 @@ class Trainer:
             raise AssayError("--resume needs the run folder to continue")
         self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.sampler = make_sampler(cfg.rollout.backend, self.model, self.tokenizer, cfg.rollout, self.device)
+        if cfg.cluster.ray and cfg.cluster.rollout_workers:  # generation on Ray actors (assay.cluster)
+            from assay.cluster import RaySampler, connect
+
+            connect(cfg.cluster)
+            self.sampler = RaySampler(self.model, self.tokenizer, cfg, self.device)
+        else:
+            self.sampler = make_sampler(cfg.rollout.backend, self.model, self.tokenizer, cfg.rollout, self.device)
         if cfg.env is not None:  # each rollout is an episode of the environment
             self.sampler = episode_sampler(self.sampler, self.model, self.tokenizer, cfg.env, context)
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)

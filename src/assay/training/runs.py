@@ -29,7 +29,10 @@ RUN_FILE = "run.json"
 SAFE_ON_RESUME = ("train.steps", "train.eval_every", "train.save_every", "train.keep_checkpoints", "train.threads", "reward_workers",
                   "train.report_to",
                   # where the OpenAI-compatible server is and how it is called (a resumed run may find it elsewhere)
-                  "rollout.server_url", "rollout.api_key_env", "rollout.max_concurrency", "rollout.request_timeout", "rollout.max_retries")
+                  "rollout.server_url", "rollout.api_key_env", "rollout.max_concurrency", "rollout.request_timeout", "rollout.max_retries",
+                  # where the Ray workers run and how many (more rollout or learner workers split the prompts differently: docs/scaling.md)
+                  "cluster.address", "cluster.rollout_workers", "cluster.reward_workers", "cluster.learner_workers", "cluster.cpus_per_worker",
+                  "cluster.gpus_per_learner", "cluster.gpus_per_rollout")
 
 
 def run_record(step: int, evaluated_at: int | None, cfg: RunConfig) -> dict[str, Any]:
