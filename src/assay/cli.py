@@ -331,6 +331,31 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from assay.models.lora import export
+
+    src = Path(args.src)
+    if not src.is_dir():
+        raise AssayError(f"export: {args.src!r} is not a folder (a run folder, a checkpoint, or a model or adapter folder)")
+    if (src / "final").is_dir():  # a run folder: its trained model
+        src = src / "final"
+    out = export(src, Path(args.out), merge=args.merge)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _export_parser(sub) -> None:
+    """`assay export`: a run's model as a standalone Hugging Face folder (a LoRA adapter merged into its base with --merge)."""
+    x = sub.add_parser("export", help="write a run's model as a Hugging Face folder; --merge folds a LoRA adapter into its base weights")
+    x.add_argument("src", metavar="RUN_OR_FOLDER", help="a run folder (its final/), a checkpoint folder, or a model or adapter folder")
+    x.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new, or empty)")
+    x.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base model's weights: a plain Hugging Face model "
+                   "(without it an adapter folder is written as an adapter, with its base model's path)")
+    x.set_defaults(fn=cmd_export)
+
+
 def _eval_parser(sub) -> None:
     """`assay eval`'s arguments."""
     e = sub.add_parser("eval", help="greedy accuracy, pass@k and length on a task's held-out split, a data file, or a run's held-out data")
@@ -382,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     _eval_parser(sub)
+    _export_parser(sub)
     _rm_parser(sub)
     _serve_parser(sub)
 

@@ -98,8 +98,8 @@ def resolve_model_path(path: str) -> Path:
     if not p.is_dir():
         known = ", ".join(sorted(d.name for d in BUNDLED_DIR.iterdir() if (d / "model").is_dir())) if BUNDLED_DIR.is_dir() else ""
         raise AssayError(f"model path {path!r} is not a directory (bundled models: {known or 'none'})")
-    if not (p / "config.json").is_file():
-        raise AssayError(f"model path {path!r} has no config.json; expected a Hugging Face model folder")
+    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        raise AssayError(f"model path {path!r} has no config.json; expected a Hugging Face model folder (or a LoRA adapter folder)")
     return p
 
 
@@ -130,13 +130,18 @@ def read_chat_template(template: str) -> str:
 def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_template: str | None = None) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` from a bundled name or a Hugging Face folder on disk.
 
-    `chat_template` (a Jinja file or text) replaces the tokenizer's own template.
+    `chat_template` (a Jinja file or text) replaces the tokenizer's own template. A LoRA adapter
+    folder (a LoRA run's `final/`) loads as its base model with the adapter merged in.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from assay.models.lora import is_adapter_folder, load_adapter_folder
+
     folder = resolve_model_path(path)
     quiet_hf()
+    if is_adapter_folder(folder):
+        return load_adapter_folder(folder, device, dtype, chat_template)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))

@@ -29,28 +29,29 @@ from assay.devices import check_device, set_matmul_precision
 from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
-from assay.models import load_policy
+from assay.models import load_policy, resolve_model_path
+from assay.models.lora import AdapterOff, apply_lora, load_adapter
 from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
 from assay.report.metrics import JsonlSink
 from assay.report.model_card import card_files
 from assay.report.run_report import PLOTS, write_report
-from assay.report.trackers import Trackers, check_trackers
+from assay.report.trackers import Trackers
 from assay.rewards.executor_factory import make_executor
-from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
+from assay.rollout.base import SamplingParams, make_sampler, pad_id
 from assay.rollout.multiturn import counting_off, episode_sampler
+from assay.training.checks import check_group_size, check_plugins  # noqa: F401  (check_group_size: re-exported)
 from assay.training.async_rollouts import AsyncHealth, AsyncRollouts, load_versions
 from assay.training.dist import NullSink, Ranks, load_sharded
 from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
+from assay.algos import mismatch_correction, requirements
 from assay.data.selection import DynamicFilter, scored_rewards
 from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
 from assay.training.precision import MasterWeights
-from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
-                                 skips_inert_rows, token_logprobs)
+from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
 from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
@@ -105,31 +106,6 @@ def sampler_metrics(sampler) -> dict[str, float]:
     return report() if callable(report) else {}
 
 
-def check_group_size(advantage: str, group_size: int) -> None:
-    """One line for a group-relative estimator (`fn.groups`) with one completion per prompt: every advantage would be 0."""
-    if group_size == 1 and getattr(ADVANTAGES.get(advantage), "groups", False):
-        grouped = sorted(n for n in ADVANTAGES.names() if getattr(ADVANTAGES.get(n), "groups", False))
-        raise AssayError(f"rollout.group_size=1 with algo.advantage={advantage}: it compares each completion with the rest of its group, "
-                         "so one completion per prompt gets advantage 0 and nothing trains; set rollout.group_size to 2 or more, or an "
-                         f"estimator that needs no group (the ones that do: {', '.join(grouped)})")
-
-
-def check_plugins(cfg: RunConfig) -> None:
-    """Fail fast, before any folder is made, on a misspelled plugin name or hyperparameter."""
-    check_backend(cfg.rollout.backend)
-    check_group_size(cfg.algo.advantage, cfg.rollout.group_size)
-    POLICY_LOSSES.get(cfg.algo.loss)
-    AGGREGATIONS.get(cfg.algo.aggregation)
-    KL_ESTIMATORS.get(cfg.algo.kl_estimator)
-    estimator_args(cfg.algo)
-    loss_args(cfg.algo)
-    check_trackers(cfg.train.report_to)
-    if cfg.env is not None:
-        from assay.envs import env_factory
-
-        env_factory(cfg.env.name, cfg.env.args)
-
-
 class Trainer:
     """Holds everything one run needs; `fit()` runs the loop."""
 
@@ -142,9 +118,10 @@ class Trainer:
         self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
+        self.adapter = self._lora()  # peft's wrapper when only adapters train (`model.lora`), else None
         self.ref = None
-        if cfg.algo.kl_coef > 0:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
+            self.ref = AdapterOff(self.adapter) if self.adapter is not None else copy.deepcopy(self.model).eval().requires_grad_(False)
         self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
         context = getattr(self.model.config, "max_position_embeddings", None)
         if context:
@@ -202,6 +179,20 @@ class Trainer:
     def _new_run_dir(self, folder: Path | None) -> Path:
         return new_run_dir(self.cfg, folder)
 
+    def _lora(self):
+        """Adapters on the policy (`model.lora`, `assay.models.lora`): `self.model` keeps them in place; peft's wrapper, or None."""
+        if self.cfg.model.lora is None:
+            return None
+        if self.ranks.active:
+            raise AssayError("model.lora under torchrun: LoRA runs in one process for now (docs/lora.md)")
+        self.model, adapter = apply_lora(self.model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()))
+        return adapter
+
+    @property
+    def saved_model(self):
+        """What a checkpoint and `final/` save: the adapter of a LoRA run, else the policy."""
+        return self.adapter if self.adapter is not None else self.model
+
     def _stream_seed(self) -> int:
         """The seed of the run's own random stream (the sampler's draws)."""
         return self.cfg.seed
@@ -255,7 +246,7 @@ class Trainer:
         self.sink.sync()
         self.samples.sync()
         self.trackers.flush()
-        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
+        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.saved_model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
         self._saved_at = self.step
         return folder
@@ -275,7 +266,10 @@ class Trainer:
         else:
             from safetensors.torch import load_file
 
-            self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+            if self.adapter is not None:
+                load_adapter(self.adapter, ckpt)
+            else:
+                self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
             if self.ref is not None and hasattr(self.model, "tie_weights"):
                 self.model.tie_weights()
             self.weights.load_master(state.get("master_weights"))
@@ -539,7 +533,7 @@ class Trainer:
         write_report(self.run_dir, config, summary)
         self.trackers.images(self.step, [self.run_dir / name for name in PLOTS])
         card = card_files(self.run_dir, config, summary, self.cfg.reward or self.source.reward)
-        save_checkpoint(self.run_dir / "final", self.model, self.tokenizer, {"step": self.step}, files=card)
+        save_checkpoint(self.run_dir / "final", self.saved_model, self.tokenizer, {"step": self.step}, files=card)
         return summary
 
     def _finish_step(self, metrics: dict[str, float], last: dict[str, float], bar) -> None:
