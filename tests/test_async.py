@@ -218,3 +218,41 @@ def test_time_to_accuracy_reads_the_first_evaluation_at_the_final_figure():
             {"step": 60, "eval/accuracy": 0.88, "perf/wall_s": 13.0}]
     assert time_to_accuracy(rows) == {"wall time (s)": 13.0, "time to held-out accuracy at end (s)": 5.0, "steps to held-out accuracy at end": 20}
     assert time_to_accuracy([{"step": 0, "eval/accuracy": 0.3}]) == {}  # rows written before perf/wall_s
+
+
+def test_the_updates_own_forward_is_the_proximal_policy(tiny_model_dir):
+    """With one optimizer step per batch the decoupled loss needs no extra pass: π_old taken from the update's own forward
+    (`Batch.behaviour`) gives the loss and gradient of π_old recomputed beforehand with TIS weights against the sampler."""
+    import dataclasses
+
+    import torch
+
+    from assay.algos import mismatch_correction
+    from assay.batch import collate
+    from assay.models import load_policy
+    from assay.models.logprobs import token_logprobs
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+    from assay.training.learner import policy_step
+    from assay.types import RewardResult, Sample
+
+    cfg = load_config(None, ["algo.mismatch=tis", "algo.mismatch_cap=1.05"])
+    model, tok = load_policy(str(tiny_model_dir))
+    prompts = [Sample(prompt=f"{i}+{i}=", answer="0", id=str(i)) for i in range(4)]
+    trajs = TorchSampler(model, tok).generate(prompts, 4, SamplingParams(6, 1.0), torch.Generator(device="cpu").manual_seed(0))
+    batch = collate(trajs, [RewardResult(float(i % 3 == 0)) for i in range(16)], tok.pad_token_id, "cpu")
+    stale = batch.old_logprobs + 0.1 * torch.randn(batch.old_logprobs.shape, generator=torch.Generator(device="cpu").manual_seed(1), device="cpu")
+    stale = stale * batch.mask  # a behaviour policy that is not the learner's: weights below and above the cap
+    adv = (batch.rewards - batch.rewards.mean())[:, None] * batch.mask
+    with torch.no_grad():
+        prox = token_logprobs(model, batch)[0] * batch.mask
+    weights, _ = mismatch_correction(prox, stale, batch.mask, "tis", 1.05)
+    assert 0 < float((weights[batch.mask.bool()] == 1.05).float().mean()) < 1
+    out = []
+    for b in (dataclasses.replace(batch, old_logprobs=prox, is_weights=weights), dataclasses.replace(batch, old_logprobs=stale, behaviour=stale)):
+        model.zero_grad()
+        loss, metrics = policy_step(model, None, b, adv, cfg.algo, 1.0, 6)
+        loss.backward()
+        out.append((float(loss.detach()), [p.grad.clone() for p in model.parameters()], metrics))
+    assert abs(out[0][0] - out[1][0]) < 1e-6 and out[1][2]["mismatch/corrected_frac"] > 0
+    assert all((a - b).abs().max() < 1e-6 for a, b in zip(out[0][1], out[1][1]))

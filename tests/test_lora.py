@@ -217,3 +217,40 @@ def test_an_engine_gets_the_merged_weights_under_the_models_own_names(tiny_model
     assert all(t.data_ptr() == p.data_ptr() for (_, t), (_, p) in zip(unchanged, plain.named_parameters(remove_duplicate=False)))
     chunks = [decode_chunk(**c) for c in encode_chunks(model)]
     assert dict(x for c in chunks for x in c).keys() == pushed.keys()
+
+
+def test_a_lora_reward_model_learns_resumes_exactly_and_is_a_plain_classifier(tmp_path, tiny_model_dir):
+    """`assay rm train` with `lora`: the adapters and the score head train (the base does not), checkpoints hold them alone,
+    a resumed run ends with the same rows and final model, and `final/` is a plain sequence classifier the `rm` reward reads."""
+    from test_rm import SEPARABLE, rm_args, write_jsonl
+
+    from assay.report.metrics import read_metrics
+    from assay.rewards.spec import build_reward
+    from assay.rm.config import load_rm_config
+    from assay.rm.train import train_rm
+    from assay.types import Trajectory
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", SEPARABLE)
+    common = ["train.eval_every=10", "train.save_every=10", "lora={r: 4, alpha: 8}", "optim.lr=3e-3", "optim.warmup_steps=0"]
+    whole = train_rm(load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "whole", "train.steps=30", *common)))
+    rows = read_metrics(whole.run_dir / "metrics.jsonl")
+    assert rows[-1]["eval/pair_accuracy"] == 1.0 and rows[-1]["eval/bt_loss"] < rows[0]["eval/bt_loss"] / 2
+    saved = load_file(whole.run_dir / "checkpoints" / "step_000030" / ADAPTER_WEIGHTS)
+    assert saved and all("lora_" in k or "score" in k for k in saved) and any("score" in k for k in saved)
+    final = load_file(whole.model_dir / "model.safetensors")
+    start = load_file(Path(tiny_model_dir) / "model.safetensors")
+    assert not any("lora_" in k for k in final)
+    moved = [k for k in start if k in final and not final[k].equal(start[k])]
+    assert moved and all("proj" in k for k in moved)  # the merged adapters changed the adapted projections, nothing else
+
+    train_rm(load_rm_config(None, rm_args(tmp_path, tiny_model_dir, data, "cut", "train.steps=20", *common)))
+    resumed = train_rm(resume=tmp_path / "cut", overrides=["train.steps=30"])
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("rm/step_seconds", "rm/elapsed_seconds")} for r in rows]
+    assert strip(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == strip(rows)
+    again = load_file(resumed.model_dir / "model.safetensors")
+    assert all(again[k].equal(final[k]) for k in final)
+
+    reward = build_reward({"name": "rm", "args": {"path": str(whole.run_dir)}})
+    trajs = [Trajectory(Sample(str(i), "99+1=", None), text, [], [], [], True) for i, text in enumerate(["yes", "no"])]
+    scores = [r.score for r in reward(trajs)]
+    assert scores[0] > scores[1]

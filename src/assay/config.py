@@ -206,7 +206,8 @@ class AlgoConfig(Section):
     """Optimizer steps per pass (the batch is split into this many parts)."""
     mismatch: Literal["none", "tis", "mis"] | None = None
     """Rollout/trainer mismatch correction: `tis` truncates, `mis` masks the importance weight
-    π_trainer/π_sampler; either costs one extra forward pass per step (`none`: off; null: `tis`
+    π_trainer/π_sampler (with one optimizer step per batch the update's own forward gives π_trainer;
+    with several, `epochs` or `minibatches` > 1, it costs one extra forward pass per step) (`none`: off; null: `tis`
     for an engine backend such as `vllm` or `openai` and for `rollout.max_staleness` > 0, `none`
     for `torch`). With staleness this is decoupled PPO's behaviour weight (docs/async.md)."""
     mismatch_cap: float = Field(2.0, gt=0.0)

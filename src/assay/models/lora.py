@@ -44,20 +44,23 @@ def require_peft():
     return peft
 
 
-def apply_lora(model, settings, base: str | None = None) -> tuple[Any, Any]:
+def apply_lora(model, settings, base: str | None = None, task: str = "CAUSAL_LM", seed: int = 0) -> tuple[Any, Any]:
     """Put adapters on `model` (`assay.config.LoraSettings`); returns `(model, peft_model)`.
 
     `model` is the same object with `peft`'s layers in place (what the sampler and the learner
     run; only the adapters require grad); `peft_model` wraps it for saving and for switching
     the adapters off. `base`: the folder the base model came from, written into the saved
     adapter's config (an absolute path, so `assay eval --model RUN/final` finds it from anywhere).
+    `task="SEQ_CLS"` (a reward model): peft also trains the score head whole, beside the adapters.
+    A's initial values are drawn from `seed` (the global random streams are left as they were).
     """
     peft = require_peft()
     config = peft.LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                             target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
+                             target_modules=settings.target_modules, bias="none", task_type=task)
     try:
-        with warnings.catch_warnings():  # peft reads a transformers attribute that warns it is deprecated
-            warnings.simplefilter("ignore", FutureWarning)
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):  # peft draws A from torch's global stream
+            warnings.simplefilter("ignore", FutureWarning)  # peft reads a transformers attribute that warns it is deprecated
+            torch.manual_seed(seed)
             wrapped = peft.get_peft_model(model, config)
     except ValueError as e:  # no module matched target_modules, or one peft cannot adapt
         raise AssayError(f"model.lora.target_modules={settings.target_modules!r}: {str(e).splitlines()[0]}") from None
@@ -94,8 +97,8 @@ def weight_of(linear) -> torch.Tensor:
     if base is None or not is_lora_layer(linear):
         return linear.weight
     w = base.weight
-    for a in _live_adapters(linear):
-        w = w + (linear.lora_B[a].weight @ linear.lora_A[a].weight) * linear.scaling[a]
+    for a in _live_adapters(linear):  # peft keeps adapters in fp32 over a bf16 base: the sum takes the base's dtype
+        w = w + ((linear.lora_B[a].weight @ linear.lora_A[a].weight) * linear.scaling[a]).to(w.dtype)
     return w
 
 
@@ -164,9 +167,6 @@ class AdapterOff:
         """The underlying model, its adapters off while inside."""
         with self.peft.disable_adapter():
             yield self.peft.get_base_model()
-
-    def to(self, *args, **kwargs) -> "AdapterOff":  # the policy is the one that moves
-        return self
 
 
 def base_path(folder: Path) -> str:

@@ -185,7 +185,7 @@ class Trainer:
             return None
         if self.ranks.active:
             raise AssayError("model.lora under torchrun: LoRA runs in one process for now (docs/lora.md)")
-        self.model, adapter = apply_lora(self.model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()))
+        self.model, adapter = apply_lora(self.model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
         return adapter
 
     @property
@@ -326,7 +326,9 @@ class Trainer:
         step = StepData(batch, trajs, results, prompts)
         extras = {name: extra(step) for name, extra in self.extras.items()}  # what the estimator declared it needs
         advantages = compute_advantages(batch, cfg.algo, extras, self.adv_args)  # [B, T]
-        if cfg.algo.mismatch not in (None, "none"):
+        if cfg.algo.mismatch not in (None, "none") and cfg.algo.epochs * cfg.algo.minibatches == 1:
+            batch = dataclasses.replace(batch, behaviour=batch.old_logprobs)  # one optimizer step: its own forward is π_old
+        elif cfg.algo.mismatch not in (None, "none"):
             batch, mismatch = self._correct_mismatch(batch, advantages)
             metrics.update(mismatch)
         self.sampler.sleep()  # an engine on a GPU lets go of its memory during the update; update_weights wakes it
@@ -397,7 +399,8 @@ class Trainer:
         return trajs, results, t1 - t0, time.perf_counter() - t1
 
     def _correct_mismatch(self, batch, advantages):
-        """Recompute the sampled tokens' logprobs with the trainer (no grad); TIS/MIS weights for the loss.
+        """Recompute the sampled tokens' logprobs with the trainer (no grad); TIS/MIS weights for the loss (a batch that takes
+        several optimizer steps: with one, the update's own forward gives them, `Batch.behaviour`).
 
         The trainer's logprobs become π_old of the policy ratio (the proximal policy of decoupled
         PPO); the weights π_trainer/π_sampler, truncated or masked, multiply the per-token policy
@@ -578,6 +581,7 @@ class Trainer:
         rows = read_metrics(self.run_dir / "metrics.jsonl")
         return {
             "steps": self.step, **heldout_figures(rows), "held-out problems": len(self.source.heldout), **recent_reward(rows),
+            "trainable parameters": sum(p.numel() for p in self.weights.params),
             "model": self.cfg.model.path, **({"task": self.cfg.data.task} if self.cfg.data.task else {"data": self.cfg.data.path}),
             "total time (s)": round(sum(r.get("perf/step_s", 0) for r in rows), 1), **time_to_accuracy(rows),
         }
