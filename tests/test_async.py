@@ -256,3 +256,19 @@ def test_the_updates_own_forward_is_the_proximal_policy(tiny_model_dir):
         out.append((float(loss.detach()), [p.grad.clone() for p in model.parameters()], metrics))
     assert abs(out[0][0] - out[1][0]) < 1e-6 and out[1][2]["mismatch/corrected_frac"] > 0
     assert all((a - b).abs().max() < 1e-6 for a, b in zip(out[0][1], out[1][1]))
+
+
+def test_a_run_whose_learner_mostly_waits_says_so(tiny_model_dir, tmp_path, monkeypatch):
+    """Generation slower than the update: after 10 steps of waiting most of each step the row, the bar and the report warn."""
+    real_collect = Trainer._collect
+
+    def slow(self):
+        time.sleep(0.3)
+        return real_collect(self)
+
+    monkeypatch.setattr(Trainer, "_collect", slow)
+    run = Trainer(run_cfg(tiny_model_dir, tmp_path, "slow", "rollout.max_staleness=1", "train.steps=10", "train.eval_every=0")).fit(progress=False)
+    rows = [r for r in run.metrics() if "reward/mean" in r]
+    assert [("warning" in r) for r in rows] == [False] * 9 + [True]
+    assert "generation is the bottleneck" in rows[-1]["warning"]
+    assert "generation is the bottleneck" in (run.run_dir / "report.html").read_text()

@@ -151,14 +151,6 @@ def producer_policy(trainer) -> tuple[Any, Any]:
 
 
 @dataclass
-class Produced:
-    """One step's rollout as the producer left it: what `Trainer.collect` returns, and the version that sampled it."""
-
-    rollout: tuple
-    version: int
-
-
-@dataclass
 class AsyncHealth:
     """Streaks behind the two warnings of an asynchronous run (`check`)."""
 
@@ -214,7 +206,7 @@ class AsyncRollouts:
         self.versions.store.update(getattr(trainer, "resumed_versions", {}))
         self.versions.publish(trainer.step, trainer.model)
         self.positions = {trainer.step: trainer._snapshot()}  # the run's position before each batch: what a checkpoint saves
-        self.ready: dict[int, Produced] = {}
+        self.ready: dict[int, tuple] = {}  # step → its rollout, as `Trainer.collect` returns it
         self.cond = threading.Condition()
         self.stopping = False
         self.error: BaseException | None = None
@@ -224,6 +216,8 @@ class AsyncRollouts:
 
     # -- the producer thread -------------------------------------------------------------
     def _run(self) -> None:
+        from assay.training.rl import sampler_metrics  # (rl imports this module)
+
         try:
             for step in range(self.start, self.end):
                 version = max(0, step - self.k)
@@ -235,12 +229,10 @@ class AsyncRollouts:
                 threads = self.trainer.threads.threads
                 torch.set_num_threads(thread_shares(threads)[1] if self.split else threads)
                 rollout = self.trainer._collect()
-                from assay.training.rl import sampler_metrics
-
                 rollout[2].update(sampler_metrics(self.sampler))
                 position = self.trainer._snapshot()
                 with self.cond:
-                    self.ready[step] = Produced(rollout, version)
+                    self.ready[step] = rollout
                     self.positions[step + 1] = position
                     self.cond.notify_all()
         except BaseException as e:  # handed to the learner, which raises it at its next batch
@@ -284,7 +276,7 @@ class AsyncRollouts:
                 self.waiting_since = now
             for j in [j for j in self.positions if j < step]:
                 del self.positions[j]
-        trajs, results, metrics, _ = item.rollout
+        trajs, results, metrics, _ = item
         metrics.update(staleness(trajs, step))
         metrics.update({"async/queue_depth": float(depth), "async/learner_idle_s": now - t0, "async/producer_idle_s": producer_idle})
         return trajs, results, metrics, t0
