@@ -158,6 +158,16 @@ def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pa
     return end
 
 
+def _build(cfg: RMConfig) -> tuple[Any, Any, Any]:
+    """`(model, tokenizer, adapter)`: the reward model to train and, with `lora`, peft's wrapper of it (adapters and the score
+    head train; checkpoints save the wrapper, `final/` the merged model), else None."""
+    model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+    if cfg.lora is None:
+        return model, tok, None
+    model, adapter = apply_lora(model, cfg.lora, str(resolve_model_path(cfg.model).resolve()), task="SEQ_CLS", seed=cfg.seed)
+    return model, tok, adapter
+
+
 def _restore(ckpt: Path, model, opt, sched, adapter=None) -> int:
     """Load a checkpoint's weights (a LoRA run's adapters and head into `adapter`), AdamW, schedule and RNG state; returns its step."""
     from safetensors.torch import load_file
@@ -206,10 +216,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
         write_config(run_dir, cfg)
     governor = ThreadGovernor(cfg.train.threads)  # 0: the cores other processes leave free, re-read before every step
     pairs, heldout = load_data(cfg)
-    model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
-    adapter = None
-    if cfg.lora is not None:  # adapters and the score head train; checkpoints hold them, final/ the merged model
-        model, adapter = apply_lora(model, cfg.lora, str(resolve_model_path(cfg.model).resolve()), task="SEQ_CLS", seed=cfg.seed)
+    model, tok, adapter = _build(cfg)
     saved_model = model if adapter is None else adapter
     _, eval_fn, encoder_cls = _objective(cfg)
     encoder = encoder_cls(tok, cfg.data.max_length)
