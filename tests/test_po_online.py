@@ -142,9 +142,16 @@ def test_canary_metrics_and_warning_by_hand():
     assert m == {"canary/accuracy": 2 / 5, "canary/chosen_accuracy": 1 / 3, "canary/pairs_compared": 2.0, "canary/pair_agreement": 0.5}
     assert canary_metrics(verified, t, kept=[t[0], t[2]])["canary/kept_accuracy"] == 0.5
     gates = CanaryGates.around(HealthGates(0, 0.9, 0), floor=0.6)
-    assert gates.check(1, {"canary/pair_agreement": 0.5, "canary/pairs_compared": 3.0}, t, []) is None  # too few pairs to judge
-    warning = gates.check(2, {"canary/pair_agreement": 0.25, "canary/pairs_compared": 8.0}, t, [])
+    assert gates.check(1, {"canary/pair_agreement": 0.5, "canary/pairs_compared": 3.0, "canary/accuracy": 0.6}, t, []) is None  # 3: too few
+    warning = gates.check(2, {"canary/pair_agreement": 0.25, "canary/pairs_compared": 8.0, "canary/accuracy": 0.5}, t, [])
     assert "agrees with the reward's choice on only 25% of the 8 pairs" in warning
+    # nothing left to compare, but the verified share collapsed: still drifting (said again on the 10th drifting step in a row)
+    said = [gates.check(3 + i, {"canary/pairs_compared": 1.0, "canary/accuracy": 0.1}, t, []) for i in range(9)]
+    assert said == [None] * 8 + [said[-1]] and "accepts 10% of this step's completions, down from 60%" in said[-1]
+    assert gates.check(12, {"canary/accuracy": 0.55}, t, []) is None and gates.drift_streak == 0
+    again = CanaryGates.around(HealthGates(), floor=0.6)
+    again.load_state_dict(gates.state_dict())  # a resumed run keeps the best share seen
+    assert again.best_accuracy == 0.6
 
 
 def test_self_rewarding_run_reports_the_canary(tmp_path):
@@ -159,3 +166,38 @@ def test_self_rewarding_run_reports_the_canary(tmp_path):
     assert {"canary/accuracy", "canary/chosen_accuracy", "canary/pairs_compared", "reward/rating/mean"} <= rows[1].keys()
     assert 0 <= rows[2]["canary/accuracy"] <= 1 and "train/accuracy" not in rows[1]  # a judge's scores are not verdicts
     assert_keys_documented(run.run_dir)
+
+
+def test_po_pairs_samples_scores_and_pairs_each_group(tmp_path, bundled):
+    """`assay po pairs`: G completions of each prompt from the bundled model, scored by the task's verifier, best against worst;
+    the file trains as it is (`read_preferences`)."""
+    from assay.po.data import read_preferences
+    from assay.po.pairs import sample_pairs, write_rows
+
+    rows, counts = sample_pairs("tiny-arith", 12, 4, chunk=5)
+    assert counts["completions"] == 48 and counts["pairs"] + counts["ties"] + counts["unpaired_groups"] == 12
+    assert rows and all(r["chosen_reward"] == 1.0 and r["rejected_reward"] == 0.0 and r["chosen"] == r["answer"] for r in rows)
+    write_rows(tmp_path / "p.jsonl", rows)
+    assert [p.prompt for p in read_preferences(str(tmp_path / "p.jsonl"))] == [r["prompt"] for r in rows]
+    again, _ = sample_pairs("tiny-arith", 12, 4, chunk=5)
+    assert again == rows  # a function of the seed
+
+
+def test_the_command_line_speaks_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "assay.cli", "po", "train", f"output_dir={tmp_path}"], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "data.path=None: give the training pairs" in out.stderr
+
+
+def test_the_examples_are_valid_configs():
+    from pathlib import Path
+
+    from assay.config import load_config
+    from assay.po.online import check_objective
+
+    for name in ("online-dpo.yaml", "self-rewarding.yaml"):
+        cfg = load_config(str(Path(__file__).parents[1] / "examples" / name))
+        check_objective(cfg)
+        assert cfg.algo.objective == "dpo"

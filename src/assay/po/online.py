@@ -106,6 +106,12 @@ class PreferenceTrainer(Trainer):
             self.initial_ref, _ = load_policy(cfg.model.path, self.device, cfg.model.dtype, cfg.model.chat_template)
             self.initial_ref.eval().requires_grad_(False)
         self.health = CanaryGates.around(self.health, pref.canary_floor)
+        if resume:  # the loop restored the plain gates' state; the canary's own is in the same record
+            from assay.training.checkpoint import latest_checkpoint, load_state
+
+            saved = load_state(latest_checkpoint(self.ckpt_dir)).get("health")  # type: ignore[arg-type]
+            if saved is not None:
+                self.health.load_state_dict(saved)
 
     def learn(self, rollout) -> dict[str, float]:
         """Pairs (or the best completions) of the collected groups, the update, the step's metrics."""

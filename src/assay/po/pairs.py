@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,8 @@ def sample_pairs(model: str, prompts: int, group_size: int, task: str | None = "
     draws them in), score them with `reward` (default: the task's or data's own), and pair them.
 
     Completions that stopped at the length limit (no EOS) are left out of pairs: a pair file holds text, and training
-    on it appends EOS, which would teach the model to stop where the limit cut it. Returns the rows and counts."""
+    on it appends EOS, which would teach the model to stop where the limit cut it. Returns the rows and counts (`seconds`:
+    the time spent generating and scoring)."""
     import torch
 
     from assay.config import DataConfig, RolloutConfig
@@ -105,6 +107,7 @@ def sample_pairs(model: str, prompts: int, group_size: int, task: str | None = "
     from assay.rewards.executor import RewardExecutor
     from assay.rewards.spec import build_reward
     from assay.rollout.base import SamplingParams, make_sampler
+    from assay.threads import ThreadGovernor
     from assay.training.groups import split_groups
 
     if mode not in MODES:
@@ -120,13 +123,17 @@ def sample_pairs(model: str, prompts: int, group_size: int, task: str | None = "
     rollout = RolloutConfig(backend=backend, server_url=server_url)
     sampler = make_sampler(backend, policy, tok, rollout, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    governor = ThreadGovernor(0)  # torch threads follow the cores other processes leave free, as in training
     rows: list[dict[str, Any]] = []
-    counts = {"completions": 0.0, "pairs": 0.0, "ties": 0.0, "unpaired_groups": 0.0, "truncated": 0.0, "correct": 0.0}
+    counts = {"completions": 0.0, "pairs": 0.0, "ties": 0.0, "unpaired_groups": 0.0, "truncated": 0.0, "correct": 0.0, "seconds": 0.0}
     with RewardExecutor(build_reward(spec), workers=workers) as scorer:
         for start in range(0, prompts, chunk):
             batch = source.next_batch(min(chunk, prompts - start))
+            governor.update()
+            t0 = time.perf_counter()
             trajs = sampler.generate(batch, group_size, SamplingParams(max_new_tokens, temperature=temperature), gen)
             results = scorer.score(trajs)
+            counts["seconds"] += time.perf_counter() - t0
             counts["completions"] += len(trajs)
             counts["truncated"] += sum(not t.finished for t in trajs)
             counts["correct"] += sum(r.score is not None and r.score >= 1.0 for r in results)
@@ -135,7 +142,9 @@ def sample_pairs(model: str, prompts: int, group_size: int, task: str | None = "
             rows += [pair_row(c, r) for c, r in got.pairs]
             counts["ties"] += got.ties
             counts["unpaired_groups"] += got.unpaired
-            print(f"assay: po pairs: {min(start + chunk, prompts)}/{prompts} prompts, {len(rows)} pairs", file=sys.stderr, flush=True)
+            done = min(start + chunk, prompts)
+            if done == prompts or done * 10 // prompts != start * 10 // prompts:  # about every tenth
+                print(f"assay: po pairs: {done}/{prompts} prompts, {len(rows)} pairs", file=sys.stderr, flush=True)
     sampler.close()
     counts["pairs"] = float(len(rows))
     return rows, counts

@@ -101,24 +101,52 @@ def canary_metrics(verified: dict[int, float | None], trajs, pairs: list[tuple[A
 
 
 class CanaryGates(HealthGates):
-    """The run's health gates, plus a warning when the verifier disagrees with the reward on most of a step's pairs."""
+    """The run's health gates, plus a warning when the reward drifts from the verifier (the canary).
+
+    The step drifts when the verifier agrees with the reward's choice on fewer than `floor` of the
+    pairs it can compare (at least `CANARY_MIN_PAIRS` of them), or when the share of the step's
+    completions it accepts has fallen below half the best share seen so far (a policy that learned
+    what the reward pays for and forgot the answers: then few pairs are left to compare). The
+    warning comes on the first drifting step and every tenth of an unbroken run of them.
+    """
 
     floor: float = 0.5
+    best_accuracy: float = 0.0
+    drift_streak: int = 0
 
     @classmethod
     def around(cls, gates: HealthGates, floor: float) -> "CanaryGates":
         """These gates, with their state (a resumed run's streaks), as `CanaryGates`."""
         out = cls.__new__(cls)
         out.__dict__.update(gates.__dict__)
-        out.floor = floor
+        out.floor, out.best_accuracy, out.drift_streak = floor, 0.0, 0
         return out
+
+    def _drift(self, metrics: dict[str, float]) -> str | None:
+        agree, n = metrics.get("canary/pair_agreement"), metrics.get("canary/pairs_compared", 0.0)
+        acc = metrics.get("canary/accuracy")
+        if acc is not None:
+            self.best_accuracy = max(self.best_accuracy, acc)
+        if agree is not None and n >= CANARY_MIN_PAIRS and agree < self.floor:
+            return f"the verifier (canary) agrees with the reward's choice on only {agree:.0%} of the {int(n)} pairs it could compare"
+        if acc is not None and self.best_accuracy >= 0.2 and acc < self.best_accuracy / 2:
+            return f"the verifier (canary) accepts {acc:.0%} of this step's completions, down from {self.best_accuracy:.0%}"
+        return None
 
     def check(self, step: int, metrics: dict[str, float], trajs, results) -> str | None:
         warning = super().check(step, metrics, trajs, results)
-        agree, n = metrics.get("canary/pair_agreement"), metrics.get("canary/pairs_compared", 0.0)
-        if agree is None or n < CANARY_MIN_PAIRS or agree >= self.floor:
+        drift = self._drift(metrics)
+        self.drift_streak = self.drift_streak + 1 if drift else 0
+        if drift is None or (self.drift_streak > 1 and self.drift_streak % 10):
             return warning
-        drift = (f"the verifier (canary) agrees with the reward's choice on only {agree:.0%} of the {int(n)} pairs it could compare: "
-                 "the reward is drifting from verified answers")
+        drift += ": the reward is drifting from verified answers"
         self.warnings.append((step, drift))
         return f"{warning}; {drift}" if warning else drift
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "canary_best_accuracy": self.best_accuracy, "canary_drift_streak": self.drift_streak}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.best_accuracy = state.get("canary_best_accuracy", 0.0)
+        self.drift_streak = state.get("canary_drift_streak", 0)

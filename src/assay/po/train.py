@@ -234,6 +234,7 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
         ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=cfg.optim.fused and device.type in ("cpu", "cuda")))
     sched = torch.optim.lr_scheduler.LambdaLR(weights.optimizer, _lr_lambda(cfg.optim.warmup_steps))
     steps = cfg.train.steps
+    governor.update()  # the reference pass, too, runs on the cores other processes leave free
     ref = reference_values(run_dir, cfg, objective, model, rows, held)  # before any weight changes
     start = _restore(ckpt, model, weights, sched) if ckpt is not None else 0
     heldout = HeldOut(cfg, objective, model, tok, held, ref["heldout"], device)
