@@ -82,14 +82,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 #: the import cycles the package keeps on purpose: a registry that imports its plugins to
 #: register them (the samplers), a package whose `__init__` re-exports its parts (the
 #: sandbox), and the lazy top-level API (`import assay` names `train`, which runs
-#: environments, which use the package's error types)
+#: environments, which use the package's error types, and picks the trainer: sharded, or preference)
 KNOWN_CYCLES = {
     frozenset({"assay.rollout.base", "assay.rollout.engines", "assay.rollout.openai_sampler", "assay.rollout.torch_sampler",
                "assay.rollout.vllm_sampler"}),
     frozenset({"assay.sandbox", "assay.sandbox.check", "assay.sandbox.forkserver", "assay.sandbox.isolation", "assay.sandbox.pool",
                "assay.sandbox.runner"}),
     frozenset({"assay", "assay.api", "assay.envs", "assay.envs.base", "assay.envs.calculator", "assay.envs.code_fix", "assay.envs.sql_agent",
-               "assay.eval.run", "assay.rollout.multiturn", "assay.training.rl"}),
+               "assay.eval.run", "assay.rollout.multiturn", "assay.training.rl", "assay.training.sharded", "assay.po.online"}),
 }
 
 

@@ -180,6 +180,11 @@ class RolloutConfig(Section):
 
 
 class AlgoConfig(Section):
+    objective: str = "pg"
+    """How scored groups become an update: `pg` (policy gradient: the advantage estimator and policy loss
+    below); a preference loss (`dpo`, `cdpo`, `robust`, `ipo`, `hinge`, `simpo`, `orpo`, `kto`): online
+    iterative preference training on pairs formed from each step's groups (`preference:`); `raft`: SFT on
+    each group's best completions (docs/preference.md)."""
     advantage: str = "grpo"
     """Advantage estimator (see docs/algorithms.md)."""
     loss: str = "ppo_clip"
@@ -274,6 +279,33 @@ class SelectionConfig(Section):
     """Where the reference completion is: `answer`, or the name of a data field."""
     success: float = 1.0
     """A reward at or above this counts as solved (retry buffer, ground-truth injection)."""
+
+
+class PreferenceConfig(Section):
+    """Online preference training and best-of-N SFT: `algo.objective` other than `pg` (docs/preference.md).
+
+    Each step samples a group per prompt and scores it, as GRPO does; then pairs are formed
+    from each group and the loss named by `algo.objective` takes `algo.epochs` passes of
+    `algo.minibatches` optimizer steps over them (`raft`: SFT on each group's best completions).
+    """
+
+    loss_args: dict[str, Any] = Field(default_factory=dict)
+    """Hyperparameters of the loss named by `algo.objective`, for example `{beta: 0.1}` (checked against
+    its signature and ranges when the run starts)."""
+    pairs: Literal["best_worst", "all"] = "best_worst"
+    """Which pairs of a group: its best completion against its worst, or every two whose rewards differ by more than `margin`."""
+    margin: float = Field(0.0, ge=0.0)
+    """Two completions whose rewards differ by this much or less are a tie: never a pair, and counted (`po/ties`)."""
+    reference: Literal["round", "initial"] = "round"
+    """The loss's reference policy: `round`, the policy as the step began (refreshed every step); `initial`,
+    the starting model, kept for the whole run."""
+    raft_keep: int = Field(1, ge=1)
+    """`raft`: the best completions of each group trained on, at most."""
+    raft_min_reward: float = 1.0
+    """`raft`: a completion is trained on only when its reward is at least this (1: verified right, for a verifier)."""
+    canary_floor: float = Field(0.5, ge=0.0, le=1.0)
+    """With a reward that gives no verdicts (a judge, a self-judge) and a task verifier beside it: warn when the
+    verifier agrees with the reward's choice on fewer than this share of the step's pairs (`canary/pair_agreement`)."""
 
 
 class OptimConfig(Section):
@@ -387,6 +419,7 @@ class RunConfig(Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     env: EnvConfig | None = None
