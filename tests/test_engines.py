@@ -132,6 +132,31 @@ def test_assay_train_on_an_engine(tmp_path, name, request, engine_sampler, bundl
 
 
 @pytest.mark.parametrize("name", ENGINES)
+def test_a_lora_run_reaches_the_engine_after_every_update(tmp_path, name, request, engine_sampler, bundled):
+    """`model.lora` on an engine: the engine gets the merged weights (W + s·B·A under the plain model's names) after each
+    update, and the probe check, the engine's logprobs against the learner's through peft's layers, passes every step."""
+    pytest.importorskip("peft")
+    extra = [f"rollout.server_url={request.getfixturevalue('vllm_server')}"] if name == "openai" else []
+    cfg = load_config(None, [f"rollout.backend={name}", "train.steps=3", "train.eval_every=0", "train.eval_n=50", "train.save_every=0",
+                             "reward_workers=0", f"output_dir={tmp_path}", "run_name=r", "model.lora={r: 8, alpha: 16}", "optim.lr=1e-2",
+                             "optim.warmup_steps=0", *extra])
+    trainer = Trainer(cfg)
+    try:
+        trainer.fit(progress=False)
+    finally:
+        trainer.sampler.close()
+        if name == "openai":
+            engine_sampler("openai").update_weights(bundled[0], 0)
+    import json
+
+    rows = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    steps = [r for r in rows if "engine/sync_diff_mean" in r]
+    assert len(steps) == 3 and all(r["engine/sync_diff_mean"] < 1e-3 and r["mismatch/abs_diff_mean"] < 1e-3 for r in steps)
+    moved = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert moved and max(float(p.detach().abs().max()) for p in moved) > 0  # the adapters trained, so the probe compared new weights
+
+
+@pytest.mark.parametrize("name", ENGINES)
 def test_assay_eval_and_pass_at_large_k_through_an_engine(name, request):
     """`assay eval --backend NAME`: greedy accuracy equals the torch sampler's; pass@64 from 64 engine samples a problem."""
     from assay.eval.run import evaluate_model

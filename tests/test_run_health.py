@@ -150,7 +150,7 @@ def test_options_anywhere_a_readable_model_and_a_summary_over_many_steps(tiny_mo
 
 
 def test_the_summary_reward_averages_the_last_tenth_of_the_steps():
-    from assay.training.rl import _recent_reward
+    from assay.report.figures import recent_reward as _recent_reward
 
     rows = [{"step": i, "reward/mean": float(i)} for i in range(1, 101)] + [{"step": 100, "eval/accuracy": 0.5}]
     assert _recent_reward(rows) == {"train reward (mean of the last 10 steps)": sum(range(91, 101)) / 10}

@@ -84,7 +84,8 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
     """
     from assay.training.interrupt import Preempted
     from assay.training.rl import RunResult
-    from assay.training.sharded import trainer_class
+    from assay.po.online import trainer_class  # assay.training.sharded's, or PreferenceTrainer for algo.objective other than pg
+    from assay.po.selfjudge import serving_policy
     from assay.training.runs import clear_outputs, restart_data, resume_config, stamped
 
     if resume is not None and restart is not None:
@@ -112,7 +113,8 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
     if trainer.ranks.main:
         print(f"run folder: {trainer.run_dir}" + (f" ({trainer.ranks.world} processes)" if trainer.ranks.active else ""), file=sys.stderr)
     try:
-        return trainer.fit(progress=_progress(progress) and trainer.ranks.main)
+        with serving_policy(trainer.model, trainer.tokenizer):  # a judge at url local://policy asks the policy itself
+            return trainer.fit(progress=_progress(progress) and trainer.ranks.main)
     except (KeyboardInterrupt, Preempted) as e:
         e.run_dir, e.step = trainer.run_dir, trainer.step  # type: ignore[attr-defined]
         raise

@@ -30,6 +30,9 @@ class Batch:
     group: torch.Tensor  # [B]
     components: torch.Tensor  # [B, K] named reward components (sorted names), NaN where absent
     is_weights: torch.Tensor | None = None  # [B, T] TIS/MIS weights on the policy loss (algo.mismatch); None: off
+    # [B, T] the sampler's logprobs when the update's own forward is the proximal policy (algo.mismatch with one optimizer
+    # step per batch): the loss then takes π_old from that forward, detached, and the TIS/MIS weights against these
+    behaviour: torch.Tensor | None = None
 
     @property
     def response_len(self) -> int:

@@ -316,6 +316,42 @@ def _rm_parser(sub) -> None:
     _label_steps_parser(rsub)
 
 
+def cmd_po_train(args: argparse.Namespace) -> int:
+    from assay.po.config import load_po_config
+    from assay.po.train import train_po
+    from assay.training.interrupt import Preempted
+
+    config_path, overrides = split_train_args(args.args)
+    _check_resume_restart(args, config_path)
+    try:
+        if args.resume or args.restart:
+            result = train_po(resume=args.resume, restart=args.restart, overrides=overrides, progress=not args.no_progress)
+        else:
+            result = train_po(load_po_config(config_path, overrides), progress=not args.no_progress)
+    except (KeyboardInterrupt, Preempted) as e:
+        return _stopped(e, "assay po train")
+    for k, v in result.final.items():
+        if k.startswith("eval/"):
+            print(f"{k}: {v}", file=sys.stderr)
+    print(f"model: {result.model_dir}\nreport: {result.run_dir / 'report.html'}", file=sys.stderr)
+    return 0
+
+
+def cmd_po_pairs(args: argparse.Namespace) -> int:
+    from assay.po.pairs import sample_pairs, write_rows
+
+    rows, counts = sample_pairs(args.model, args.prompts, args.group_size, task=args.task, task_args=_yaml_arg(args.task_args, "--task-args"),
+                                data=args.data, fields=_yaml_arg(args.fields, "--fields"), reward=_yaml_arg(args.reward, "--reward"),
+                                mode=args.pairs, margin=args.margin, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                seed=args.seed, backend=args.backend, device=args.device, server_url=args.server_url, workers=args.workers)
+    write_rows(args.out, rows)
+    if args.json:
+        print(json.dumps(counts))
+    print(f"{len(rows)} pairs from {int(counts['completions'])} completions ({int(counts['ties'])} ties, "
+          f"{int(counts['truncated'])} cut at the length limit left out) -> {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_bench_train(args: argparse.Namespace) -> int:
     from assay.bench.config import load_bench_config
     from assay.bench.train import check_json_path, render, run_bench, write_json
@@ -329,6 +365,31 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     if args.json:
         write_json(report, args.json)
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from assay.models import export
+
+    src = Path(args.src)
+    if not src.is_dir():
+        raise AssayError(f"export: {args.src!r} is not a folder (a run folder, a checkpoint, or a model or adapter folder)")
+    if (src / "final").is_dir():  # a run folder: its trained model
+        src = src / "final"
+    out = export(src, Path(args.out), merge=args.merge)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _export_parser(sub) -> None:
+    """`assay export`: a run's model as a standalone Hugging Face folder (a LoRA adapter merged into its base with --merge)."""
+    x = sub.add_parser("export", help="write a run's model as a Hugging Face folder; --merge folds a LoRA adapter into its base weights")
+    x.add_argument("src", metavar="RUN_OR_FOLDER", help="a run folder (its final/), a checkpoint folder, or a model or adapter folder")
+    x.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new, or empty)")
+    x.add_argument("--merge", action="store_true", help="fold a LoRA adapter into its base model's weights: a plain Hugging Face model "
+                   "(without it an adapter folder is written as an adapter, with its base model's path)")
+    x.set_defaults(fn=cmd_export)
 
 
 def _eval_parser(sub) -> None:
@@ -382,7 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     _eval_parser(sub)
+    _export_parser(sub)
     _rm_parser(sub)
+    from assay.po.cli import add_po_parser
+
+    add_po_parser(sub, train=cmd_po_train, pairs=cmd_po_pairs)
     _serve_parser(sub)
 
     rw = sub.add_parser("reward", help="score files with any reward; list the registered rewards")
@@ -427,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_cli_logging()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and (args.command == "train" or getattr(args, "rm_command", None) == "train") and not any(r.startswith("-") for r in rest):
+    trains = args.command == "train" or getattr(args, "rm_command", None) == "train" or getattr(args, "po_command", None) == "train"
+    if rest and trains and not any(r.startswith("-") for r in rest):
         args.args += rest  # positionals after an option (`CONFIG --no-progress k=v`): options and overrides in any order
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

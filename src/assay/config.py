@@ -20,6 +20,22 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraSettings(Section):
+    """Low-rank adapters on the policy's linear layers (Hu et al., "LoRA: Low-Rank Adaptation of Large
+    Language Models", arXiv:2106.09685): a layer computes W·x + (alpha/r)·B·A·x with W frozen."""
+
+    r: int = Field(8, ge=1)
+    """Rank of each adapter (A is r × in, B is out × r)."""
+    alpha: float = Field(16.0, gt=0.0)
+    """Scale numerator: the adapter's output is multiplied by alpha / r."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input while training. Above 0, the update runs the model's own
+    forward (assay's fused forward folds B·A into W, which dropout on the adapter alone forbids)."""
+    target_modules: list[str] | str = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Names of the linear layers that get adapters (`peft`'s `target_modules`), or `all-linear`.
+    Default: every attention and MLP projection of a Llama-family model."""
+
+
 class ModelConfig(Section):
     path: str = "tiny-arith"
     """A bundled model name (`tiny-arith`) or a Hugging Face causal-LM folder on disk."""
@@ -38,6 +54,12 @@ class ModelConfig(Section):
     chat_template: str | None = None
     """A chat template (a Jinja file, or the template text) that replaces the tokenizer's own;
     it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
+    lora: LoraSettings | None = None
+    """Train low-rank adapters instead of every weight (`peft`'s LoRA; the `lora` extra,
+    `pip install 'assay[lora]'`), for example `{r: 8, alpha: 16}`: only the adapters train and
+    are checkpointed, the KL reference is the same model with its adapter switched off (no
+    second copy), and `final/` holds the adapter (`assay export --merge` folds it into the base
+    weights; docs/lora.md). Null: full fine-tuning."""
 
 
 DEFAULT_TASK = "arithmetic"
@@ -144,6 +166,12 @@ class RolloutConfig(Section):
     """`openai`: seconds one request may take."""
     max_retries: int = Field(3, ge=0)
     """`openai`: retries of a request that failed to connect, timed out or got a 5xx/429 answer (with backoff)."""
+    max_staleness: int = Field(0, ge=0)
+    """Asynchronous rollouts (docs/async.md): with k > 0 a producer thread generates and scores the
+    next batches while the learner trains, each batch sampled by the policy exactly k versions older
+    than the one it trains (fewer in the first k steps); the producer pauses rather than run further
+    ahead, and no finished trajectory is dropped. The loss's ratio then follows decoupled PPO
+    (`algo.mismatch`, `tis` by default). 0: the synchronous loop, generation and update in turn."""
     weight_sync: Literal["auto", "push", "none"] = "auto"
     """`openai`: `push` the learner's weights after each update through vLLM's weight-transfer
     routes (the server runs with `VLLM_SERVER_DEV_MODE=1` and assay's `assay_http` transfer
@@ -152,6 +180,11 @@ class RolloutConfig(Section):
 
 
 class AlgoConfig(Section):
+    objective: str = "pg"
+    """How scored groups become an update: `pg` (policy gradient: the advantage estimator and policy loss
+    below); a preference loss (`dpo`, `cdpo`, `robust`, `ipo`, `hinge`, `simpo`, `orpo`, `kto`): online
+    iterative preference training on pairs formed from each step's groups (`preference:`); `raft`: SFT on
+    each group's best completions (docs/preference.md)."""
     advantage: str = "grpo"
     """Advantage estimator (see docs/algorithms.md)."""
     loss: str = "ppo_clip"
@@ -178,8 +211,10 @@ class AlgoConfig(Section):
     """Optimizer steps per pass (the batch is split into this many parts)."""
     mismatch: Literal["none", "tis", "mis"] | None = None
     """Rollout/trainer mismatch correction: `tis` truncates, `mis` masks the importance weight
-    π_trainer/π_sampler; either costs one extra forward pass per step (`none`: off; null: `tis`
-    for an engine backend such as `vllm` or `openai`, `none` for `torch`)."""
+    π_trainer/π_sampler (with one optimizer step per batch the update's own forward gives π_trainer;
+    with several, `epochs` or `minibatches` > 1, it costs one extra forward pass per step) (`none`: off; null: `tis`
+    for an engine backend such as `vllm` or `openai` and for `rollout.max_staleness` > 0, `none`
+    for `torch`). With staleness this is decoupled PPO's behaviour weight (docs/async.md)."""
     mismatch_cap: float = Field(2.0, gt=0.0)
     """Upper bound on that weight (tis: truncated to it; mis: tokens above it are masked)."""
     mismatch_floor: float = Field(0.0, ge=0.0)
@@ -244,6 +279,33 @@ class SelectionConfig(Section):
     """Where the reference completion is: `answer`, or the name of a data field."""
     success: float = 1.0
     """A reward at or above this counts as solved (retry buffer, ground-truth injection)."""
+
+
+class PreferenceConfig(Section):
+    """Online preference training and best-of-N SFT: `algo.objective` other than `pg` (docs/preference.md).
+
+    Each step samples a group per prompt and scores it, as GRPO does; then pairs are formed
+    from each group and the loss named by `algo.objective` takes `algo.epochs` passes of
+    `algo.minibatches` optimizer steps over them (`raft`: SFT on each group's best completions).
+    """
+
+    loss_args: dict[str, Any] = Field(default_factory=dict)
+    """Hyperparameters of the loss named by `algo.objective`, for example `{beta: 0.1}` (checked against
+    its signature and ranges when the run starts)."""
+    pairs: Literal["best_worst", "all"] = "best_worst"
+    """Which pairs of a group: its best completion against its worst, or every two whose rewards differ by more than `margin`."""
+    margin: float = Field(0.0, ge=0.0)
+    """Two completions whose rewards differ by this much or less are a tie: never a pair, and counted (`po/ties`)."""
+    reference: Literal["round", "initial"] = "round"
+    """The loss's reference policy: `round`, the policy as the step began (refreshed every step); `initial`,
+    the starting model, kept for the whole run."""
+    raft_keep: int = Field(1, ge=1)
+    """`raft`: the best completions of each group trained on, at most."""
+    raft_min_reward: float = 1.0
+    """`raft`: a completion is trained on only when its reward is at least this (1: verified right, for a verifier)."""
+    canary_floor: float = Field(0.5, ge=0.0, le=1.0)
+    """With a reward that gives no verdicts (a judge, a self-judge) and a task verifier beside it: warn when the
+    verifier agrees with the reward's choice on fewer than this share of the step's pairs (`canary/pair_agreement`)."""
 
 
 class OptimConfig(Section):
@@ -379,6 +441,7 @@ class RunConfig(Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     env: EnvConfig | None = None
@@ -400,9 +463,18 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _mismatch_default(self) -> "RunConfig":
         """`algo.mismatch: null` resolves by backend: the in-process sampler computes the learner's
-        own logprobs, any other backend gets truncated importance weights."""
+        own logprobs, any other backend (or an asynchronous run, whose rollouts come from older
+        versions of the policy) gets truncated importance weights."""
         if self.algo.mismatch is None:
-            self.algo.mismatch = "none" if self.rollout.backend == "torch" else "tis"
+            self.algo.mismatch = "none" if self.rollout.backend == "torch" and self.rollout.max_staleness == 0 else "tis"
+        return self
+
+    @model_validator(mode="after")
+    def _async_backend(self) -> "RunConfig":
+        if self.rollout.max_staleness and self.rollout.backend != "torch":
+            raise ValueError(f"invalid config value rollout.max_staleness={self.rollout.max_staleness!r}: asynchronous rollouts run their "
+                             f"producer on the torch backend for now, not rollout.backend={self.rollout.backend}; set max_staleness=0 "
+                             "or backend=torch (docs/async.md)")
         return self
 
     @model_validator(mode="after")

@@ -30,7 +30,7 @@ def _run_model(run: str) -> str:
     from assay.training.checkpoint import latest_checkpoint
 
     final = Path(run) / "final"
-    if (final / "config.json").is_file():
+    if (final / "config.json").is_file() or (final / "adapter_config.json").is_file():
         return str(final)
     ckpt = latest_checkpoint(Path(run) / "checkpoints")
     if ckpt is None:

@@ -98,8 +98,8 @@ def resolve_model_path(path: str) -> Path:
     if not p.is_dir():
         known = ", ".join(sorted(d.name for d in BUNDLED_DIR.iterdir() if (d / "model").is_dir())) if BUNDLED_DIR.is_dir() else ""
         raise AssayError(f"model path {path!r} is not a directory (bundled models: {known or 'none'})")
-    if not (p / "config.json").is_file():
-        raise AssayError(f"model path {path!r} has no config.json; expected a Hugging Face model folder")
+    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        raise AssayError(f"model path {path!r} has no config.json; expected a Hugging Face model folder (or a LoRA adapter folder)")
     return p
 
 
@@ -130,13 +130,18 @@ def read_chat_template(template: str) -> str:
 def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_template: str | None = None) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` from a bundled name or a Hugging Face folder on disk.
 
-    `chat_template` (a Jinja file or text) replaces the tokenizer's own template.
+    `chat_template` (a Jinja file or text) replaces the tokenizer's own template. A LoRA adapter
+    folder (a LoRA run's `final/`) loads as its base model with the adapter merged in.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from assay.models.lora import base_path, is_adapter_folder, merge_adapter
+
     folder = resolve_model_path(path)
     quiet_hf()
+    if is_adapter_folder(folder):
+        return merge_adapter(folder, *load_policy(base_path(folder), device, dtype, chat_template), chat_template)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
@@ -148,3 +153,30 @@ def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_tem
     if chat_template is not None:
         tok.chat_template = read_chat_template(chat_template)
     return model.to(device), tok
+
+
+def export(src: Path, out: Path, merge: bool) -> Path:
+    """A Hugging Face folder at `out` from a model or adapter folder `src`: with `merge`, an adapter folded into its base weights."""
+    import shutil
+
+    from assay.models.lora import is_adapter_folder
+
+    src, out = Path(src), Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise AssayError(f"--out {str(out)!r} exists and is not empty; choose a new folder")
+    if not is_adapter_folder(src):
+        if merge and not (src / "config.json").is_file():
+            raise AssayError(f"{str(src)!r} is neither a model folder nor an adapter folder")
+        shutil.copytree(src, out, dirs_exist_ok=True)  # already whole: nothing to merge
+        return out
+    if not merge:
+        shutil.copytree(src, out, dirs_exist_ok=True)
+        return out
+    quiet_hf()
+    model, tok = load_policy(str(src))
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    if (src / "README.md").is_file():
+        shutil.copy(src / "README.md", out / "README.md")
+    return out

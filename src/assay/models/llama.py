@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from assay.models.lora import bias_of, unsupported as lora_unsupported, weight_of
+
 FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -61,13 +63,19 @@ def supported(model, max_len: int | None = None) -> str | None:
     rope = getattr(body.rotary_emb, "rope_type", "default")
     if rope in ("dynamic", "longrope"):  # their frequencies depend on the sequence length of each call
         return f"rope_type {rope!r}"
-    return None
+    return lora_unsupported(model)
 
 
 def _cat_bias(*linears) -> torch.Tensor | None:
-    if all(lin.bias is None for lin in linears):
+    biases = [bias_of(lin) for lin in linears]
+    if all(b is None for b in biases):
         return None
-    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears])
+    return torch.cat([b if b is not None else weight_of(lin).new_zeros(weight_of(lin).shape[0]) for b, lin in zip(biases, linears)])
+
+
+def fused_weight(*linears) -> torch.Tensor:
+    """The weights of `linears` stacked into one `[Σout, in]` matrix, each as it applies (a LoRA layer's with its delta: `weight_of`)."""
+    return torch.cat([weight_of(lin) for lin in linears])
 
 
 def _norm(module, dtype: torch.dtype):
@@ -107,6 +115,9 @@ def batch_supported(model, batch) -> str | None:
         return "sharded weights (FSDP2): the model's own forward gathers them"
     if getattr(model.config, "attention_dropout", 0.0) and model.training:
         return "attention dropout"
+    why = lora_unsupported(model, training=model.training)
+    if why is not None:
+        return why
     T = batch.response_len
     if not bool(batch.attention_mask[:, : batch.input_ids.shape[1] - T].any(1).all()):
         return "an empty prompt"
@@ -115,8 +126,9 @@ def batch_supported(model, batch) -> str | None:
 
 def _residual(x: torch.Tensor, h: torch.Tensor, linear) -> torch.Tensor:
     """`x + linear(h)` with the add fused into the matmul."""
-    out = torch.addmm(x, h, linear.weight.t())
-    return out if linear.bias is None else out + linear.bias
+    out = torch.addmm(x, h, weight_of(linear).t())
+    bias = bias_of(linear)
+    return out if bias is None else out + bias
 
 
 def prefix_hidden(model, batch) -> torch.Tensor:
@@ -196,7 +208,7 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
     for layer in body.layers:
         a, m = layer.self_attn, layer.mlp
         h = _norm(layer.input_layernorm, dtype)(x)
-        qkv = F.linear(h, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), _cat_bias(a.q_proj, a.k_proj, a.v_proj))
+        qkv = F.linear(h, fused_weight(a.q_proj, a.k_proj, a.v_proj), _cat_bias(a.q_proj, a.k_proj, a.v_proj))
         qkv = qkv.view(-1, heads + 2 * kv_heads, D)
         if hasattr(a, "q_norm"):
             qk = torch.cat([a.q_norm(qkv[:, :heads]), a.k_norm(qkv[:, heads : heads + kv_heads])], dim=1)
@@ -218,6 +230,6 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
             parts.append(ctx_s.transpose(1, 2).reshape(B * S, heads * D))
         x = _residual(x, torch.cat(parts) if S else parts[0], a.o_proj)
         h = _norm(layer.post_attention_layernorm, dtype)(x)
-        gate, up = F.linear(h, torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj)).chunk(2, dim=-1)
+        gate, up = F.linear(h, fused_weight(m.gate_proj, m.up_proj), _cat_bias(m.gate_proj, m.up_proj)).chunk(2, dim=-1)
         x = _residual(x, m.act_fn(gate) * up, m.down_proj)
     return _norm(body.norm, dtype)(x)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from assay.models.llama import FAMILY, batch_supported as forward_supported, prefix_hidden, sharded
+from assay.models.lora import AdapterOff
 
 if TYPE_CHECKING:
     from assay.batch import Batch
@@ -117,7 +118,11 @@ def token_logprobs(model, batch: "Batch", temperature: float = 1.0, with_entropy
     pass; the entropy then comes without a gradient, which is all a metric needs. Below
     that size the plain head is faster (one matmul, no recomputation). `entropy_grad=True`
     (an entropy bonus) always takes the plain head, where the entropy is differentiable.
+    `model` may be an `AdapterOff` (a LoRA policy with its adapters off: the KL reference).
     """
+    if isinstance(model, AdapterOff):
+        with model.model() as base:
+            return token_logprobs(base, batch, temperature, with_entropy, entropy_grad, fast)
     T = batch.response_len
     targets = batch.input_ids[:, -T:]  # [B, T]
     weight = None if entropy_grad else _fused_head(model)

@@ -17,6 +17,11 @@ by every process that points at the folder). Only replies that came back are cac
 `stats()` returns, and resets, what the client did since the last call: HTTP requests sent
 (retries included), retries, cache hits and the seconds spent waiting on the server.
 
+`url: local://NAME` asks a model in this process instead of a server: the function `LOCAL[NAME]`
+takes the route and the request body and returns the reply body, as a server would. `assay
+train` serves its own policy as `local://policy` (`assay.po.selfjudge`: self-rewarding). That
+model changes as it trains, so its replies are never cached.
+
     >>> JudgeClient("http://127.0.0.1:1/v1", model="m", api="completions").body("2+2=")
     {'model': 'm', 'prompt': '2+2=', 'max_tokens': 64, 'temperature': 0.0}
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import http.client
+import io
 import json
 import os
 import socket
@@ -35,8 +41,10 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+#: in-process models a judge asks through `url: local://NAME`: NAME -> (route, body) -> the reply body
+LOCAL: dict[str, Callable[[str, dict[str, Any]], Any]] = {}
 RETRY_STATUS = {429, 500, 502, 503, 504}
 APIS = ("chat", "completions")
 MEMORY_ENTRIES = 100_000  # replies kept in memory; the oldest go first
@@ -74,8 +82,8 @@ class JudgeClient:
                  temperature: float = 0.0, seed: int | None = None, stop: list[str] | str | None = None, timeout: float = 30.0,
                  retries: int = 2, backoff: float = 0.5, concurrency: int = 8, cache: bool = True, cache_dir: str | None = None,
                  api_key_env: str | None = None):
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must be an http:// or https:// address, got {url!r}")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://", "local://")):
+            raise ValueError(f"url must be an http:// or https:// address (or local://NAME, a model in this process), got {url!r}")
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {api!r}")
         if timeout <= 0 or retries < 0 or backoff < 0 or concurrency < 1 or max_tokens < 1:
@@ -87,6 +95,8 @@ class JudgeClient:
         self.seed, self.stop = seed, ([stop] if isinstance(stop, str) else list(stop) if stop else None)
         self.timeout, self.retries, self.backoff, self.concurrency = float(timeout), int(retries), float(backoff), int(concurrency)
         self.cache, self.cache_dir, self.api_key_env = cache, cache_dir, api_key_env
+        if self.url.startswith("local://"):  # a model that trains: yesterday's reply is not today's
+            self.cache, self.cache_dir = False, None
         self._start()
 
     def _start(self) -> None:
@@ -210,6 +220,12 @@ class JudgeClient:
         return Reply(None, "http_error", f"{self.url}{self.route} failed{tries}: {why}", attempts=self.retries + 1)
 
     def _once(self, body: dict[str, Any]) -> Any:
+        if self.url.startswith("local://"):
+            name = self.url.removeprefix("local://")
+            if name not in LOCAL:
+                why = f"no model {name!r} is served in this process (`assay train` serves its policy as local://policy)"
+                raise urllib.error.HTTPError(self.url, 404, why, None, io.BytesIO(why.encode()))  # type: ignore[arg-type]
+            return LOCAL[name](self.route, body)
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         if key:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from assay.config import OptimConfig, Section, apply_override, explain, read_yaml_mapping
+from assay.config import LoraSettings, OptimConfig, Section, apply_override, explain, read_yaml_mapping
 from assay.errors import AssayError
 
 
@@ -90,6 +90,10 @@ class RMConfig(Section):
     """Torch device: `cpu`, `cuda`, `cuda:1`."""
     dtype: str = "float32"
     """Parameter dtype (`float32`, `bfloat16`); keep float32 on CPU."""
+    lora: LoraSettings | None = None
+    """Train low-rank adapters and the score head instead of every weight (`peft`; the `lora` extra),
+    for example `{r: 8, alpha: 16}`: checkpoints hold the adapters and the head, `final/` the merged
+    sequence classifier that `rm eval` and the `rm` reward read (docs/lora.md). Null: every weight trains."""
     data: RMDataConfig = Field(default_factory=RMDataConfig)
     loss: RMLossConfig = Field(default_factory=RMLossConfig)
     optim: RMOptimConfig = Field(default_factory=RMOptimConfig)

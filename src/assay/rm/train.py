@@ -29,6 +29,8 @@ from assay.rm.config import SAFE_ON_RESUME, RMConfig, validate
 from assay.rm.data import Comparison, Pair, batch_indices, read_comparisons, split_by_prompt, to_pairs
 from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
+from assay.models import resolve_model_path
+from assay.models.lora import apply_lora, load_adapter
 from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
 from assay.threads import ThreadGovernor
 from assay.training.interrupt import Preempted, StopSignals
@@ -156,11 +158,24 @@ def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pa
     return end
 
 
-def _restore(ckpt: Path, model, opt, sched) -> int:
-    """Load a checkpoint's weights, AdamW, schedule and RNG state; returns its step."""
+def _build(cfg: RMConfig) -> tuple[Any, Any, Any]:
+    """`(model, tokenizer, adapter)`: the reward model to train and, with `lora`, peft's wrapper of it (adapters and the score
+    head train; checkpoints save the wrapper, `final/` the merged model), else None."""
+    model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+    if cfg.lora is None:
+        return model, tok, None
+    model, adapter = apply_lora(model, cfg.lora, str(resolve_model_path(cfg.model).resolve()), task="SEQ_CLS", seed=cfg.seed)
+    return model, tok, adapter
+
+
+def _restore(ckpt: Path, model, opt, sched, adapter=None) -> int:
+    """Load a checkpoint's weights (a LoRA run's adapters and head into `adapter`), AdamW, schedule and RNG state; returns its step."""
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(ckpt / "model.safetensors"))
+    if adapter is not None:
+        load_adapter(adapter, ckpt)
+    else:
+        model.load_state_dict(load_file(ckpt / "model.safetensors"))
     state = load_state(ckpt)
     opt.load_master(state.get("master_weights"))
     opt.optimizer.load_state_dict(state["optimizer"])
@@ -201,14 +216,15 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
         write_config(run_dir, cfg)
     governor = ThreadGovernor(cfg.train.threads)  # 0: the cores other processes leave free, re-read before every step
     pairs, heldout = load_data(cfg)
-    model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
+    model, tok, adapter = _build(cfg)
+    saved_model = model if adapter is None else adapter
     _, eval_fn, encoder_cls = _objective(cfg)
     encoder = encoder_cls(tok, cfg.data.max_length)
     fused = cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda")
     opt = MasterWeights(model.parameters(), lambda ps: torch.optim.AdamW(  # fp32 masters for a bf16 model (assay.training.precision)
         ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))
     sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, _lr_lambda(cfg.optim.warmup_steps))
-    start = _restore(ckpt, model, opt, sched) if ckpt is not None else 0
+    start = _restore(ckpt, model, opt, sched, adapter) if ckpt is not None else 0
     sink = JsonlSink(run_dir / "metrics.jsonl", truncate_after=start if ckpt is not None else None)
     steps = cfg.train.steps
     if start >= steps:
@@ -225,7 +241,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
                     end = _run_step(step, steps, started, model, encoder, pairs, heldout, cfg, opt, sched, sink, bar, last, governor)
                     done = step
                     if (cfg.train.save_every and step % cfg.train.save_every == 0) or end:
-                        _save(run_dir, step, model, tok, opt, sched, cfg, sink)
+                        _save(run_dir, step, saved_model, tok, opt, sched, cfg, sink)
                         saved = step
                 signals.raise_pending()
                 if end:
@@ -233,12 +249,14 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
                     break
         except (KeyboardInterrupt, Preempted) as e:
             if not signals.torn and saved != done:
-                _save(run_dir, done, model, tok, opt, sched, cfg, sink)
+                _save(run_dir, done, saved_model, tok, opt, sched, cfg, sink)
             e.run_dir, e.step = run_dir, done  # type: ignore[attr-defined]
             raise
         finally:
             sink.close()
     model.eval()
+    if adapter is not None:  # one plain sequence classifier, what `rm eval` and the `rm` reward read
+        model = adapter.merge_and_unload()
     final = run_dir / "final"
     meta = {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "heldout_rows": len(heldout), "kind": cfg.kind,
             "train_rows" if cfg.kind == "prm" else "train_pairs": len(pairs)}

@@ -132,3 +132,10 @@ def stop_ids(model: Any, tokenizer: Any) -> list[int]:
 def pad_id(tokenizer: Any) -> int:
     """The id that pads batches: the tokenizer's pad token, else its EOS."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def sampler_metrics(sampler) -> dict[str, float]:
+    """What a backend reports about itself since it was last asked (`engine/*`: sync time and
+    probe agreement, staleness); nothing for a backend without a `metrics()` method."""
+    report = getattr(sampler, "metrics", None)
+    return report() if callable(report) else {}

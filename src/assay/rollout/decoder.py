@@ -34,7 +34,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from assay.models.llama import _cat_bias, _norm, prompt_cache, rotary_table
+from assay.models.llama import _cat_bias, _norm, fused_weight, prompt_cache, rotary_table
+from assay.models.lora import bias_of, weight_of
 
 
 def cache_arg(model) -> str:
@@ -103,15 +104,16 @@ class StaticDecoder:
         self.layers = []
         for layer in body.layers:
             a, m = layer.self_attn, layer.mlp
-            w_qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            w_qkv = fused_weight(a.q_proj, a.k_proj, a.v_proj)  # a LoRA layer's with its delta folded in (W + s·B·A)
             b_qkv = _cat_bias(a.q_proj, a.k_proj, a.v_proj)
             if not self.qk_norm:
                 w_qkv[:q_rows] *= scale
                 if b_qkv is not None:
                     b_qkv[:q_rows] *= scale
             self.layers.append((
-                _norm(layer.input_layernorm, dtype), w_qkv, b_qkv, a,
-                _norm(layer.post_attention_layernorm, dtype), torch.cat([m.gate_proj.weight, m.up_proj.weight]), _cat_bias(m.gate_proj, m.up_proj), m,
+                _norm(layer.input_layernorm, dtype), w_qkv, b_qkv, a, (weight_of(a.o_proj), bias_of(a.o_proj)),
+                _norm(layer.post_attention_layernorm, dtype), fused_weight(m.gate_proj, m.up_proj), _cat_bias(m.gate_proj, m.up_proj), m,
+                (weight_of(m.down_proj), bias_of(m.down_proj)),
             ))
         self.final_norm = _norm(body.norm, dtype)
         self.keys = self.values = self.bias = self.slot = None
@@ -182,7 +184,7 @@ class StaticDecoder:
         self.bias.index_fill_(1, slot, 0.0)  # this step's slot becomes visible
         # the mask for every (row, kv head) pair of the batched score matmul, built once per step
         bias = self.bias[:, None, None, :].expand(A, Hk, G, S).reshape(A * Hk, G, S)
-        for i, (norm_in, w_qkv, b_qkv, attn, norm_post, w_gu, b_gu, mlp) in enumerate(self.layers):
+        for i, (norm_in, w_qkv, b_qkv, attn, o_proj, norm_post, w_gu, b_gu, mlp, down_proj) in enumerate(self.layers):
             qkv = linear(norm_in(x), w_qkv, b_qkv).contiguous().view(A, Hq + 2 * Hk, D)
             if self.qk_norm:
                 qk = torch.cat([attn.q_norm(qkv[:, :Hq]), attn.k_norm(qkv[:, Hq : Hq + Hk])], dim=1)
@@ -197,9 +199,9 @@ class StaticDecoder:
             keys, values = self.keys[i].view(A * Hk, S, D), self.values[i].view(A * Hk, S, D)
             scores = torch.baddbmm(bias, qk[:, :Hq].reshape(A * Hk, G, D), keys.transpose(1, 2), alpha=self.scale)
             probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
-            x = x + linear(torch.bmm(probs, values).view(A, Hq * D), attn.o_proj.weight, attn.o_proj.bias)
+            x = x + linear(torch.bmm(probs, values).view(A, Hq * D), *o_proj)
             gate, up = linear(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            x = x + linear(mlp.act_fn(gate) * up, *down_proj)
         return self.model.get_output_embeddings()(self.final_norm(x))
 
 

@@ -37,6 +37,7 @@ import torch
 
 from assay.devices import generator_for
 from assay.errors import AssayError
+from assay.models.lora import merged_weights
 from assay.rollout.base import SamplingParams, encode_prompt
 from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, tolerance_for
 from assay.types import Sample, Trajectory
@@ -139,7 +140,7 @@ class VLLMSampler:
         self._wake(["weights"])
         # every name, tied ones included: vLLM's layerwise reload processes its LM head only when
         # `lm_head.weight` arrives, and a tied copy left out keeps the engine's old values there
-        weights = [(name, p.detach()) for name, p in model.named_parameters(remove_duplicate=False)]
+        weights = merged_weights(model)  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
         self._wake(["kv_cache"])

@@ -21,6 +21,8 @@ from typing import Any, Iterator
 
 import torch
 
+from assay.models.lora import merged_weights
+
 BACKEND = "assay_http"
 #: raw bytes per `/update_weights` request (the body is a third larger, base64)
 CHUNK_BYTES = 64 << 20
@@ -48,7 +50,7 @@ def encode_chunks(model: Any, chunk_bytes: int = CHUNK_BYTES) -> Iterator[dict[s
     shapes: list[list[int]] = []
     parts: list[bytes] = []
     size = 0
-    for name, p in model.named_parameters(remove_duplicate=False):
+    for name, p in merged_weights(model):  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
         t = p.detach().to("cpu").contiguous()
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         names.append(name)

@@ -177,7 +177,7 @@ class GoldInjector:
         if self.tokenizer.eos_token_id is not None:
             ids = ids + [self.tokenizer.eos_token_id]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Trajectory(s, text, like.prompt_ids, ids, [0.0] * len(ids), True, group=like.group)
+        return Trajectory(s, text, like.prompt_ids, ids, [0.0] * len(ids), True, group=like.group, version=like.version)
 
     def __call__(
         self, groups: list[list[Item]], score: Callable[[list[Trajectory]], list[RewardResult]],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, bind_args, requirements
+from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, bind_args, mismatch_correction, requirements
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
@@ -30,12 +30,17 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     advantages and is left out of the loss. `fast` selects the shared-prefix forward (`token_logprobs`).
     """
     logprobs, entropy = token_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0, fast=fast)
+    old, is_weights, out = batch.old_logprobs, batch.is_weights, {}
+    if batch.behaviour is not None:  # this forward is the proximal policy: π_old is its logprobs, the weights π_prox/π_behav
+        old = logprobs.detach() * batch.mask
+        is_weights, out = mismatch_correction(old, batch.behaviour, batch.mask, algo.mismatch, algo.mismatch_cap, algo.mismatch_floor,
+                                              algo.mismatch_level)
     loss_fn = POLICY_LOSSES.get(algo.loss)
     clips = {k: v for k, v in (("clip_low", algo.clip_low), ("clip_high", algo.clip_high)) if v is not None}
-    loss_mat, metrics = loss_fn(logprobs, batch.old_logprobs, advantages, batch.mask, **clips, **algo.loss_args)
-    if batch.is_weights is not None:  # rollout/trainer mismatch correction: weights the policy term only
-        loss_mat = loss_mat * batch.is_weights
-    out = {f"actor/{k}": v for k, v in metrics.items()}
+    loss_mat, metrics = loss_fn(logprobs, old, advantages, batch.mask, **clips, **algo.loss_args)
+    if is_weights is not None:  # rollout/trainer mismatch correction: weights the policy term only
+        loss_mat = loss_mat * is_weights
+    out.update({f"actor/{k}": v for k, v in metrics.items()})
     if kl_in_loss(algo, ref_model):
         with torch.no_grad():
             ref_lp, _ = token_logprobs(ref_model, batch, temperature, fast=fast)
@@ -47,7 +52,7 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
             loss_mat = loss_mat - algo.entropy_coef * entropy
         out["actor/entropy"] = masked_mean(entropy.detach(), batch.mask).item()
     with torch.no_grad():
-        out["actor/logprob_diff"] = masked_mean((logprobs - batch.old_logprobs).abs(), batch.mask).item()
+        out["actor/logprob_diff"] = masked_mean((logprobs - old).abs(), batch.mask).item()
     loss = aggregate(loss_mat, batch.mask, algo.aggregation, norm=norm)
     out["actor/loss"] = loss.item()
     return loss, out
@@ -69,8 +74,9 @@ def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
         return batch, advantages
     cols = slice(start, P + t)
     is_w = batch.is_weights[:, :t] if batch.is_weights is not None else None
+    behaviour = batch.behaviour[:, :t] if batch.behaviour is not None else None
     out = Batch(batch.input_ids[:, cols], batch.attention_mask[:, cols], batch.position_ids[:, cols], batch.mask[:, :t],
-                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w)
+                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w, behaviour)
     return out, advantages[:, :t]
 
 

@@ -5,7 +5,9 @@ aggregation, reward) is a plugin looked up by name; this file only moves data be
 them. With an `env:` block the sampler runs whole episodes of an environment
 (`assay.rollout.multiturn.EpisodeSampler`) and the default reward is the episode's; nothing
 else here changes. Several processes (`torchrun`) run `ShardedTrainer` (`assay.training.sharded`),
-which overrides the few steps that differ. Left out on purpose: asynchronous rollouts.
+which overrides the few steps that differ. With `rollout.max_staleness` > 0 a producer thread
+makes the rollouts (`assay.training.async_rollouts`): the loop takes each step's batch from it
+instead of generating it, and publishes the weights after each update; nothing else changes.
 """
 
 from __future__ import annotations
@@ -27,26 +29,29 @@ from assay.devices import check_device, set_matmul_precision
 from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
-from assay.models import load_policy
+from assay.models import load_policy, resolve_model_path
+from assay.models.lora import AdapterOff, apply_lora, load_adapter
+from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
 from assay.report.metrics import JsonlSink
 from assay.report.model_card import card_files
 from assay.report.run_report import PLOTS, write_report
-from assay.report.trackers import Trackers, check_trackers
+from assay.report.trackers import Trackers
 from assay.rewards.executor_factory import make_executor
-from assay.rollout.base import SamplingParams, check_backend, make_sampler, pad_id
+from assay.rollout.base import SamplingParams, make_sampler, pad_id, sampler_metrics
 from assay.rollout.multiturn import counting_off, episode_sampler
+from assay.training.checks import check_group_size, check_plugins  # noqa: F401  (check_group_size: re-exported)
+from assay.training.async_rollouts import AsyncHealth, AsyncRollouts, load_versions
 from assay.training.dist import NullSink, Ranks, load_sharded
 from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, mismatch_correction, requirements
+from assay.algos import mismatch_correction, requirements
 from assay.data.selection import DynamicFilter, scored_rewards
 from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
 from assay.training.precision import MasterWeights
-from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, loss_args,
-                                 token_logprobs)
+from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
 from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
@@ -94,56 +99,6 @@ def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
     }
 
 
-def sampler_metrics(sampler) -> dict[str, float]:
-    """What a backend reports about itself since it was last asked (`engine/*`: sync time and
-    probe agreement, staleness); nothing for a backend without a `metrics()` method."""
-    report = getattr(sampler, "metrics", None)
-    return report() if callable(report) else {}
-
-
-def _recent_reward(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The training reward averaged over the last tenth of the steps (at least 1, at most 20)."""
-    vals = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
-    n = min(20, max(1, len(vals) // 10))
-    return {f"train reward (mean of the last {n} steps)": sum(vals[-n:]) / n if vals else None}
-
-
-def _heldout_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Held-out figures at the first and last evaluation: verified accuracy when a verifier checked the answers
-    (always, with a verifier as the reward), the mean of a learned reward when the run's reward gives no verdicts."""
-    out: dict[str, Any] = {}
-    for key, name in (("eval/accuracy", "held-out accuracy"), ("eval/mean_reward", "held-out mean reward")):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        if vals or key == "eval/accuracy" and not any("eval/mean_reward" in r for r in rows):
-            out[f"{name} at start"], out[f"{name} at end"] = (vals[0], vals[-1]) if vals else (None, None)
-    return out
-
-
-def check_group_size(advantage: str, group_size: int) -> None:
-    """One line for a group-relative estimator (`fn.groups`) with one completion per prompt: every advantage would be 0."""
-    if group_size == 1 and getattr(ADVANTAGES.get(advantage), "groups", False):
-        grouped = sorted(n for n in ADVANTAGES.names() if getattr(ADVANTAGES.get(n), "groups", False))
-        raise AssayError(f"rollout.group_size=1 with algo.advantage={advantage}: it compares each completion with the rest of its group, "
-                         "so one completion per prompt gets advantage 0 and nothing trains; set rollout.group_size to 2 or more, or an "
-                         f"estimator that needs no group (the ones that do: {', '.join(grouped)})")
-
-
-def check_plugins(cfg: RunConfig) -> None:
-    """Fail fast, before any folder is made, on a misspelled plugin name or hyperparameter."""
-    check_backend(cfg.rollout.backend)
-    check_group_size(cfg.algo.advantage, cfg.rollout.group_size)
-    POLICY_LOSSES.get(cfg.algo.loss)
-    AGGREGATIONS.get(cfg.algo.aggregation)
-    KL_ESTIMATORS.get(cfg.algo.kl_estimator)
-    estimator_args(cfg.algo)
-    loss_args(cfg.algo)
-    check_trackers(cfg.train.report_to)
-    if cfg.env is not None:
-        from assay.envs import env_factory
-
-        env_factory(cfg.env.name, cfg.env.args)
-
-
 class Trainer:
     """Holds everything one run needs; `fit()` runs the loop."""
 
@@ -156,9 +111,10 @@ class Trainer:
         self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
+        self.adapter = self._lora()  # peft's wrapper when only adapters train (`model.lora`), else None
         self.ref = None
-        if cfg.algo.kl_coef > 0:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
+            self.ref = AdapterOff(self.adapter) if self.adapter is not None else copy.deepcopy(self.model).eval().requires_grad_(False)
         self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
         context = getattr(self.model.config, "max_position_embeddings", None)
         if context:
@@ -183,6 +139,11 @@ class Trainer:
             self.sampler = make_sampler(cfg.rollout.backend, self.model, self.tokenizer, cfg.rollout, self.device)
         if cfg.env is not None:  # each rollout is an episode of the environment
             self.sampler = episode_sampler(self.sampler, self.model, self.tokenizer, cfg.env, context)
+        self.rollout_sampler, self.rollout_model = self.sampler, self.model  # an asynchronous run's producer brings its own
+        self.async_: AsyncRollouts | None = None
+        self.async_health = AsyncHealth()
+        self.resumed_versions: dict[int, dict[str, torch.Tensor]] = {}
+        self._wall_offset, self._wall_t0 = 0.0, time.perf_counter()
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
         self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
@@ -217,6 +178,20 @@ class Trainer:
     def _new_run_dir(self, folder: Path | None) -> Path:
         return new_run_dir(self.cfg, folder)
 
+    def _lora(self):
+        """Adapters on the policy (`model.lora`, `assay.models.lora`): `self.model` keeps them in place; peft's wrapper, or None."""
+        if self.cfg.model.lora is None:
+            return None
+        if self.ranks.active:
+            raise AssayError("model.lora under torchrun: LoRA runs in one process for now (docs/lora.md)")
+        self.model, adapter = apply_lora(self.model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
+        return adapter
+
+    @property
+    def saved_model(self):
+        """What a checkpoint and `final/` save: the adapter of a LoRA run, else the policy."""
+        return self.adapter if self.adapter is not None else self.model
+
     def _stream_seed(self) -> int:
         """The seed of the run's own random stream (the sampler's draws)."""
         return self.cfg.seed
@@ -244,19 +219,33 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {
             "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            "data": self.source.state_dict(), "rng": rng_state(self.generator), "config": self.cfg.model_dump(mode="json"),
-            "selection": self.picker.state_dict(), "extras": {n: e.state_dict() for n, e in self.extras.items()},
+            **self._position(), "config": self.cfg.model_dump(mode="json"), "extras": {n: e.state_dict() for n, e in self.extras.items()},
             "health": self.health.state_dict(), "master_weights": self.weights.master_state(),
+            "async_health": self.async_health.state_dict(), "wall_s": self._wall(),
         }
+
+    def _position(self) -> dict[str, Any]:
+        """Data position, group selection and the run's random stream before the next batch is generated: now, or, with
+        a producer that has run ahead, as it recorded them before that batch (the global RNGs are the learner's, now)."""
+        if self.async_ is None:
+            return {"data": self.source.state_dict(), "rng": rng_state(self.generator), "selection": self.picker.state_dict()}
+        pos = self.async_.position(self.step)
+        return {"data": pos["data"], "rng": {**rng_state(), "sampler": pos["rng"]["sampler"]}, "selection": pos["selection"]}
+
+    def _wall(self) -> float:
+        """Seconds this run has been running (over every resume), evaluations and checkpoints included."""
+        return self._wall_offset + time.perf_counter() - self._wall_t0
 
     def save(self) -> Path:
         """A checkpoint of the current (finished) step; the oldest beyond `train.keep_checkpoints` go."""
         tensors = {_stem(n): t for n, e in self.extras.items() if (t := e.tensors()) is not None}
+        if self.async_ is not None:  # the older weights that batches still to be generated sample with
+            tensors.update(self.async_.version_tensors(self.step))
         record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
         self.sink.sync()
         self.samples.sync()
         self.trackers.flush()
-        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
+        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.saved_model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
         prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
         self._saved_at = self.step
         return folder
@@ -276,7 +265,10 @@ class Trainer:
         else:
             from safetensors.torch import load_file
 
-            self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+            if self.adapter is not None:
+                load_adapter(self.adapter, ckpt)
+            else:
+                self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
             if self.ref is not None and hasattr(self.model, "tie_weights"):
                 self.model.tie_weights()
             self.weights.load_master(state.get("master_weights"))
@@ -289,6 +281,10 @@ class Trainer:
             extra.load(weights, saved.get(name))
         if state.get("health") is not None:
             self.health.load_state_dict(state["health"])
+        if state.get("async_health") is not None:
+            self.async_health.load_state_dict(state["async_health"])
+        self.resumed_versions = load_versions(ckpt)
+        self._wall_offset = state.get("wall_s", 0.0)
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
 
@@ -310,6 +306,10 @@ class Trainer:
     def collect(self) -> tuple[list, list, dict[str, float], float]:
         """Generate and score this step's rollouts (changes no weights)."""
         self.threads.update()  # first, the cores other processes left free
+        return self._collect()
+
+    def _collect(self) -> tuple[list, list, dict[str, float], float]:
+        """`collect` without the thread count (what an asynchronous run's producer calls)."""
         t0 = time.perf_counter()
         trajs, results, metrics = self._rollout()
         return trajs, results, metrics, t0
@@ -322,15 +322,19 @@ class Trainer:
         t_rew = time.perf_counter()
         prompts = list({t.group: t.sample for t in trajs}.values())  # one per group, in group order
         batch = collate(trajs, results, pad_id(self.tokenizer), self.device)
-        if cfg.algo.mismatch not in (None, "none"):
-            batch, mismatch = self._correct_mismatch(batch)
-            metrics.update(mismatch)
         step = StepData(batch, trajs, results, prompts)
         extras = {name: extra(step) for name, extra in self.extras.items()}  # what the estimator declared it needs
         advantages = compute_advantages(batch, cfg.algo, extras, self.adv_args)  # [B, T]
+        if cfg.algo.mismatch not in (None, "none") and cfg.algo.epochs * cfg.algo.minibatches == 1:
+            batch = dataclasses.replace(batch, behaviour=batch.old_logprobs)  # one optimizer step: its own forward is π_old
+        elif cfg.algo.mismatch not in (None, "none"):
+            batch, mismatch = self._correct_mismatch(batch, advantages)
+            metrics.update(mismatch)
         self.sampler.sleep()  # an engine on a GPU lets go of its memory during the update; update_weights wakes it
         metrics.update(self._update(batch, advantages))
         self.sampler.update_weights(self.model, self.step + 1)
+        if self.async_ is not None:
+            self.async_.publish(self.step + 1)
         metrics.update(sampler_metrics(self.sampler))
         for name, extra in self.extras.items():  # after the policy: the critic fits the returns its values gave
             metrics.update(extra.after_update(step, extras[name]))
@@ -388,28 +392,40 @@ class Trainer:
         """G completions of each prompt and their rewards, and the seconds each took."""
         t0 = time.perf_counter()
         with self.generating():
-            trajs = self.sampler.generate(prompts, self.cfg.rollout.group_size, self.params, self.generator)
+            trajs = self.rollout_sampler.generate(prompts, self.cfg.rollout.group_size, self.params, self.generator)
         t1 = time.perf_counter()
         results = self.executor.score(trajs, training=True)
         return trajs, results, t1 - t0, time.perf_counter() - t1
 
-    def _correct_mismatch(self, batch):
-        """Recompute the sampled tokens' logprobs with the trainer (no grad); TIS/MIS weights for the loss.
+    def _correct_mismatch(self, batch, advantages):
+        """Recompute the sampled tokens' logprobs with the trainer (no grad); TIS/MIS weights for the loss (a batch that takes
+        several optimizer steps: with one, the update's own forward gives them, `Batch.behaviour`).
 
-        The trainer's logprobs become π_old of the policy ratio; the weights
-        π_trainer/π_sampler, truncated or masked, multiply the per-token policy loss.
+        The trainer's logprobs become π_old of the policy ratio (the proximal policy of decoupled
+        PPO); the weights π_trainer/π_sampler, truncated or masked, multiply the per-token policy
+        loss. Only the rows the update runs are recomputed (with `train.skip_zero_advantage`, rows
+        whose advantage is not 0 everywhere): the others add nothing to the loss, and keep the
+        sampler's logprobs with weight 0.
         """
         algo = self.cfg.algo
+        live = ((advantages != 0) & batch.mask.bool()).any(-1)  # [B]
+        rows = live.nonzero()[:, 0] if self.cfg.train.skip_zero_advantage and skips_inert_rows(algo, self.ref) and not live.all() else None
+        part = batch if rows is None else batch.select(rows)
         with torch.no_grad():
-            trainer_lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)  # [B, T]
-        weights, metrics = mismatch_correction(trainer_lp, batch.old_logprobs, batch.mask, algo.mismatch, algo.mismatch_cap, algo.mismatch_floor, algo.mismatch_level)
-        return dataclasses.replace(batch, old_logprobs=trainer_lp * batch.mask, is_weights=weights), metrics
+            trainer_lp = token_logprobs(self.model, part, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)[0] if part.mask.shape[0] \
+                else part.old_logprobs  # [b, T]
+        weights, metrics = mismatch_correction(trainer_lp, part.old_logprobs, part.mask, algo.mismatch, algo.mismatch_cap, algo.mismatch_floor, algo.mismatch_level)
+        if rows is None:
+            return dataclasses.replace(batch, old_logprobs=trainer_lp * batch.mask, is_weights=weights), metrics
+        old, every = batch.old_logprobs.clone(), torch.zeros_like(batch.old_logprobs)
+        old[rows], every[rows] = trainer_lp * part.mask, weights
+        return dataclasses.replace(batch, old_logprobs=old, is_weights=every), metrics
 
     def _logprobs_of(self, trajs, results) -> list[list[float]]:
-        """The trainer's logprobs of completions no sampler drew (injected reference solutions)."""
+        """The rollout policy's logprobs of completions no sampler drew (injected reference solutions)."""
         batch = collate(trajs, results, pad_id(self.tokenizer), self.device)
         with torch.no_grad():
-            lp, _ = token_logprobs(self.model, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)
+            lp, _ = token_logprobs(self.rollout_model, batch, self.cfg.rollout.temperature, fast=self.cfg.train.fast_forward)
         return [lp[i, : len(t.completion_ids)].tolist() for i, t in enumerate(trajs)]
 
     def _update(self, batch, advantages) -> dict[str, float]:
@@ -454,19 +470,18 @@ class Trainer:
             stack.callback(self.executor.close)
             self.trackers = Trackers(cfg.train.report_to if self.ranks.main else [], self.run_dir, cfg.model_dump(mode="json"), self._saved_at)
             stack.callback(self.trackers.close)
+            self._wall_t0 = time.perf_counter()
+            if self.step < cfg.train.steps:
+                self._start_producer(cfg.rollout.max_staleness)
+            if self.async_ is not None:
+                stack.callback(self.async_.close)
             try:
                 if self.step == 0 and self.evaluated_at is None:
                     with signals.critical():
                         self._log(self.evaluate(), last, bar)
                     self._raise_pending(signals)
                 while self.step < cfg.train.steps:
-                    snapshot = self._snapshot()
-                    try:
-                        with self._guard(signals):
-                            rollout = self.collect()
-                    except BaseException:
-                        self._restore(snapshot)  # no weight changed: the checkpoint is the last finished step's
-                        raise
+                    rollout = self._next_rollout(signals)
                     with signals.critical():
                         self._finish_step(self.learn(rollout), last, bar)
                     self._raise_pending(signals)
@@ -476,6 +491,8 @@ class Trainer:
                     summary = self._wrap_up(last, bar)
                 self._raise_pending(signals)  # a signal during the last step's wrap-up: the run is complete anyway
             except (KeyboardInterrupt, Preempted, RunCannotLearn) as e:
+                if self.async_ is not None:
+                    self.async_.close()  # after the batch it is making; the checkpoint has the position before the next one
                 if not signals.torn and self._saved_at != self.step:
                     self.save()
                 if isinstance(e, RunCannotLearn) and self.ranks.main:  # the report shows why, with the samples
@@ -485,6 +502,28 @@ class Trainer:
                 self.sink.close()
                 self.samples.close()
         return RunResult(self.run_dir, summary)
+
+    def _start_producer(self, k: int) -> None:
+        """From here on the rollouts come from a producer thread that runs `k` versions ahead (`assay.training.async_rollouts`);
+        k = 0: the synchronous loop, no producer."""
+        if k == 0:
+            return
+        if self.ranks.active:
+            raise AssayError(f"rollout.max_staleness={k} under torchrun: asynchronous rollouts run in one process for now (docs/async.md)")
+        self.async_ = AsyncRollouts(self, k)
+
+    def _next_rollout(self, signals) -> tuple:
+        """This step's scored rollouts: generated now, or taken from the producer (a signal while waiting stops at once either
+        way: no weight has changed, and the checkpoint holds the position before this step's batch)."""
+        if self.async_ is not None:
+            return self.async_.take(self.step)
+        snapshot = self._snapshot()
+        try:
+            with self._guard(signals):
+                return self.collect()
+        except BaseException:
+            self._restore(snapshot)  # no weight changed: the checkpoint is the last finished step's
+            raise
 
     def _wrap_up(self, last: dict[str, float], bar) -> dict[str, Any]:
         """The last evaluation and checkpoint, the report, its plots to the trackers, and `final/` with its model card."""
@@ -496,7 +535,7 @@ class Trainer:
         write_report(self.run_dir, config, summary)
         self.trackers.images(self.step, [self.run_dir / name for name in PLOTS])
         card = card_files(self.run_dir, config, summary, self.cfg.reward or self.source.reward)
-        save_checkpoint(self.run_dir / "final", self.model, self.tokenizer, {"step": self.step}, files=card)
+        save_checkpoint(self.run_dir / "final", self.saved_model, self.tokenizer, {"step": self.step}, files=card)
         return summary
 
     def _finish_step(self, metrics: dict[str, float], last: dict[str, float], bar) -> None:
@@ -505,6 +544,8 @@ class Trainer:
         self.step += 1
         trajs, results = self._last
         warning = self.health.check(self.step, metrics, trajs, results)
+        if self.async_ is not None:
+            warning = "; ".join(w for w in (warning, self.async_health.check(metrics)) if w) or None
         if warning:
             metrics["warning"] = warning
             bar.note(f"assay: warning: step {self.step}: {warning}")
@@ -526,6 +567,7 @@ class Trainer:
         if evaluated:
             self.evaluated_at = self.step
         if metrics:
+            metrics["perf/wall_s"] = self._wall()
             self.sink.log(self.step, metrics)
             self.trackers.log(self.step, metrics)
         last.update(metrics)
@@ -537,7 +579,8 @@ class Trainer:
 
         rows = read_metrics(self.run_dir / "metrics.jsonl")
         return {
-            "steps": self.step, **_heldout_figures(rows), "held-out problems": len(self.source.heldout), **_recent_reward(rows),
+            "steps": self.step, **heldout_figures(rows), "held-out problems": len(self.source.heldout), **recent_reward(rows),
+            "trainable parameters": sum(p.numel() for p in self.weights.params),
             "model": self.cfg.model.path, **({"task": self.cfg.data.task} if self.cfg.data.task else {"data": self.cfg.data.path}),
-            "total time (s)": round(sum(r.get("perf/step_s", 0) for r in rows), 1),
+            "total time (s)": round(sum(r.get("perf/step_s", 0) for r in rows), 1), **time_to_accuracy(rows),
         }

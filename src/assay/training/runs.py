@@ -128,6 +128,8 @@ def resumed_config(run_dir: str | Path, overrides: list[str] | None, safe: tuple
 RUN_OUTPUTS = ("metrics.jsonl", "samples.jsonl", "report.html", ".report.html.tmp", "checkpoints", "tensorboard")
 #: the plots of `assay rm train`'s report (`assay.rm.train.report_plots`), besides `assay train`'s
 RM_PLOTS = ("rm_loss.png", "heldout_pair_accuracy.png", "heldout_step_accuracy.png")
+#: what `assay po train` writes besides: its plots and the cached reference log-probabilities (`assay.po.train`)
+PO_OUTPUTS = ("po_loss.png", "po_heldout.png", "reference.safetensors")
 
 
 def is_run_folder(run_dir: Path) -> bool:
@@ -159,7 +161,7 @@ def clear_outputs(run_dir: str | Path) -> None:
     from assay.report.run_report import AGENT_PLOTS, PLOTS
 
     run_dir = Path(run_dir)
-    for name in [*RUN_OUTPUTS, *PLOTS, *AGENT_PLOTS, *RM_PLOTS]:
+    for name in [*RUN_OUTPUTS, *PLOTS, *AGENT_PLOTS, *RM_PLOTS, *PO_OUTPUTS]:
         path = run_dir / name
         if path.is_dir():
             shutil.rmtree(path)
