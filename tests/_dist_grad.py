@@ -17,15 +17,24 @@ from assay.data.tasks import make_task
 from assay.models import load_policy
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
-from assay.training.dist import Ranks, shard
+from assay.training.dist import Ranks, exit_rank, shard
 from assay.training.learner import accumulate_step, compute_advantages
 from assay.types import RewardResult
 
 
-def main(aggregation: str) -> None:
+def main(aggregation: str, lora: bool) -> None:
     torch.set_num_threads(1)
     ranks = Ranks.from_env(torch.device("cpu"))
     model, tok = load_policy("tiny-arith")
+    if lora:  # adapters on every projection, B made non-zero so that A has a gradient too
+        from assay.config import LoraSettings
+        from assay.models.lora import apply_lora
+
+        model, _ = apply_lora(model, LoraSettings(r=4, alpha=8))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
     single = copy.deepcopy(model)
     prompts, G = make_task("arithmetic").heldout(6), 4
     trajs = TorchSampler(model, tok).generate(prompts, G, SamplingParams(8, 1.0), torch.Generator(device="cpu").manual_seed(0))
@@ -45,6 +54,9 @@ def main(aggregation: str) -> None:
     ref = dict(single.named_parameters())
     diff = scale = 0.0
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            assert p.grad is None, name  # a frozen base weight gets no gradient
+            continue
         g = p.grad.full_tensor()
         diff = max(diff, float((g - ref[name].grad).abs().max()))
         scale = max(scale, float(ref[name].grad.abs().max()))
@@ -54,4 +66,5 @@ def main(aggregation: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "lora" in sys.argv[2:])
+    exit_rank(0)

@@ -20,12 +20,14 @@ def torchrun(*args: str, nproc: int = 2, timeout: float = 600, env: dict | None 
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum-norm"])
-def test_two_ranks_give_one_process_gradient(aggregation):
+@pytest.mark.parametrize("aggregation,lora", [("token-mean", False), ("seq-mean-token-sum-norm", False), ("token-mean", True)])
+def test_two_ranks_give_one_process_gradient(aggregation, lora):
     """Each rank trains on its share of the groups with the whole batch's denominator; FSDP2 sums the shards'
-    gradients: the single process's gradient, to floating-point rounding."""
-    p = torchrun(str(HERE / "_dist_grad.py"), aggregation)
-    assert p.returncode == 0, p.stderr[-3000:]
+    gradients: the single process's gradient, to floating-point rounding (with LoRA: the adapters', the base frozen)."""
+    if lora:
+        pytest.importorskip("peft")
+    p = torchrun(str(HERE / "_dist_grad.py"), aggregation, *(["lora"] if lora else []))
+    assert p.returncode == 0, p.stderr[:1500] + "\n...\n" + p.stderr[-1500:]
     out = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
     assert out["max_grad"] > 1e-5  # a real gradient
     assert out["max_diff"] <= 1e-5 * out["max_grad"] * 10, out  # 1e-5 of the largest entry (rounding of a different summation order)
@@ -109,3 +111,30 @@ def test_sigterm_to_one_rank_stops_both_at_one_checkpoint(tmp_path):
     p = torchrun("-m", "assay", "train", "--resume", str(tmp_path / "sig"), f"train.steps={step + 2}", "--no-progress")
     assert p.returncode == 0, p.stderr[-2000:]
     assert max(_rows(tmp_path / "sig")) == step + 2
+
+
+@pytest.mark.slow
+def test_lora_under_torchrun_checkpoints_the_adapters_and_moves_between_world_sizes(tmp_path):
+    """`model.lora` with two ranks: a checkpoint holds the adapters and their AdamW state only, no frozen base weight;
+    the run resumes in one process and again in two; `final/` is the adapter folder one process writes, trained."""
+    pytest.importorskip("peft")
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    run, lora = tmp_path / "lora", ("model.lora={r: 8, alpha: 16}", "optim.lr=1e-2")
+    p = torchrun("-m", "assay", "train", *COMMON, f"output_dir={tmp_path}", "run_name=lora", "train.steps=2", *lora)
+    assert p.returncode == 0, p.stderr[-2000:]
+    meta = dcp.FileSystemReader(str(run / "checkpoints" / "step_000002" / "dcp")).read_metadata().state_dict_metadata
+    saved = [k for k in meta if k.startswith("model.")]
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved), saved
+    p = _assay("train", "--resume", str(run), "train.steps=4", "--no-progress")
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = torchrun("-m", "assay", "train", "--resume", str(run), "train.steps=6", "--no-progress")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert sorted(_rows(run)) == [0, 1, 2, 3, 4, 5, 6]
+    final = run / "final"
+    assert (final / "adapter_config.json").is_file() and not (final / "model.safetensors").exists()
+    b = [v for k, v in load_file(final / "adapter_model.safetensors").items() if "lora_B" in k]
+    assert b and max(float(v.abs().max()) for v in b) > 0  # B starts at 0: these adapters trained
+    p = _assay("eval", "--model", str(final), "--n", "16", "--workers", "0")
+    assert p.returncode == 0, p.stderr[-2000:]

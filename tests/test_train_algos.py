@@ -188,5 +188,8 @@ def test_mismatch_is_off_by_default_with_no_extra_forward_pass(tiny_model_dir, t
     monkeypatch.setattr(rl, "token_logprobs", counting)
     row = first_step(tiny_model_dir, tmp_path, "default")
     assert calls["n"] == 0 and not any(k.startswith("mismatch/") for k in row)
-    row = first_step(tiny_model_dir, tmp_path, "mis", "algo.mismatch=mis")
-    assert calls["n"] == 1 and {"mismatch/k1", "mismatch/corrected_frac", "mismatch/weight_mean"} <= row.keys()
+    keys = {"mismatch/k1", "mismatch/corrected_frac", "mismatch/weight_mean"}
+    row = first_step(tiny_model_dir, tmp_path, "mis", "algo.mismatch=mis")  # one optimizer step: its own forward is π_old
+    assert calls["n"] == 0 and keys <= row.keys()
+    row = first_step(tiny_model_dir, tmp_path, "mis2", "algo.mismatch=mis", "algo.epochs=2")  # two: one pass before
+    assert calls["n"] == 1 and keys <= row.keys()

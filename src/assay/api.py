@@ -112,14 +112,18 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         return RunResult(trainer.run_dir, trainer.summary())
     if trainer.ranks.main:
         print(f"run folder: {trainer.run_dir}" + (f" ({trainer.ranks.world} processes)" if trainer.ranks.active else ""), file=sys.stderr)
+    clean = False  # every rank stopped the same way: the run finished, or one signal stopped them all
     try:
         with serving_policy(trainer.model, trainer.tokenizer):  # a judge at url local://policy asks the policy itself
-            return trainer.fit(progress=_progress(progress) and trainer.ranks.main)
+            result = trainer.fit(progress=_progress(progress) and trainer.ranks.main)
+        clean = True
+        return result
     except (KeyboardInterrupt, Preempted) as e:
         e.run_dir, e.step = trainer.run_dir, trainer.step  # type: ignore[attr-defined]
+        clean = True
         raise
     finally:
-        trainer.ranks.close()
+        trainer.ranks.close(clean)
 
 
 def _train_on_ray(cfg, folder, resume: bool, progress: bool | None) -> "RunResult":

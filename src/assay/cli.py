@@ -498,13 +498,18 @@ def main(argv: list[str] | None = None) -> int:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return args.fn(args)
+        code = args.fn(args)
     except AssayError as e:
         print(f"assay: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print("assay: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if argv is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # a torchrun rank's own process
+        from assay.training.dist import exit_rank
+
+        exit_rank(code)
+    return code
 
 
 if __name__ == "__main__":

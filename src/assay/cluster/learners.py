@@ -27,10 +27,13 @@ class LearnerWorker:
         from assay.training.sharded import ShardedTrainer
 
         trainer = ShardedTrainer(RunConfig.model_validate(config), run_dir=folder, resume=resume)
+        clean = False
         try:
-            return trainer.fit(progress=False).final
+            final = trainer.fit(progress=False).final
+            clean = True
+            return final
         finally:
-            trainer.ranks.close()
+            trainer.ranks.close(clean)
 
 
 def run_learners(cfg, folder, resume: bool) -> dict[str, Any]:

@@ -182,8 +182,6 @@ class Trainer:
         """Adapters on the policy (`model.lora`, `assay.models.lora`): `self.model` keeps them in place; peft's wrapper, or None."""
         if self.cfg.model.lora is None:
             return None
-        if self.ranks.active:
-            raise AssayError("model.lora under torchrun: LoRA runs in one process for now (docs/lora.md)")
         self.model, adapter = apply_lora(self.model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
         return adapter
 
@@ -261,7 +259,7 @@ class Trainer:
             raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
         state = load_state(ckpt)
         if (ckpt / "dcp").is_dir():  # written by a torchrun job (`assay.training.sharded`): its shards, read whole
-            load_sharded(ckpt, self.model, self.opt)
+            load_sharded(ckpt, self.model, self.opt, trainable_only=self.adapter is not None)
         else:
             from safetensors.torch import load_file
 

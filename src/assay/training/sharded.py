@@ -13,7 +13,9 @@ It is `Trainer` with the steps that differ when N processes share a run:
   and all stop at the same step with one checkpoint;
 - checkpoints: sharded (`dist.save_sharded`), a rank's random stream in its own file, the rest
   written once by rank 0; `--resume` reads them into any number of ranks, and reads a
-  single-process checkpoint too. `final/` is assembled on rank 0 as one Hugging Face folder.
+  single-process checkpoint too. `final/` is assembled on rank 0 as one Hugging Face folder. A LoRA
+  policy (`model.lora`) is sharded whole, base and adapters; its checkpoints hold the adapters alone and its
+  `final/` is the adapter folder one process writes.
 
 Left out, and refused in one line: a model outside the Llama family (generation reads the
 gathered weights through `StaticDecoder`, without the model's own forward), engine backends (their
@@ -36,6 +38,7 @@ import torch
 
 from assay.errors import AssayError
 from assay.models.llama import supported
+from assay.models.lora import load_adapter
 from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints,
                                        rng_state)
 from assay.training.dist import (Ranks, full_state, full_weights, load_full_state, load_sharded, named_optimizer_state, save_sharded, shard,
@@ -88,7 +91,7 @@ class ShardedTrainer(Trainer):
             raise AssayError(f"torchrun: the policy's generation reads its gathered weights through assay's Llama-family decoder, "
                              f"which this model cannot take ({why})")
         bf16 = self.cfg.model.dtype == "bfloat16"
-        if self.ref is not None and bf16:
+        if self.ref is not None and bf16 and self.adapter is None:  # a LoRA run's reference is the policy, adapters off
             self.ref.to(torch.bfloat16)
         shard(self.model, self.ranks, bf16=bf16)
 
@@ -200,7 +203,7 @@ class ShardedTrainer(Trainer):
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.ranks.barrier()
-        save_sharded(tmp, self.model, self.opt)
+        save_sharded(tmp, self.model, self.opt, trainable_only=self.adapter is not None)  # a LoRA run: the adapters alone
         torch.save(rng_state(self.generator), tmp / _rng_file(self.ranks.rank))
         state = self._state()
         self.ranks.barrier()
@@ -237,11 +240,17 @@ class ShardedTrainer(Trainer):
             raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
         state = load_state(ckpt)
         if (ckpt / "dcp").is_dir():
-            load_sharded(ckpt, self.model, self.opt)
-        else:  # a single process wrote it: its whole weights and AdamW state, spread over the ranks
+            load_sharded(ckpt, self.model, self.opt, trainable_only=self.adapter is not None)
+        else:  # a single process wrote it: its whole weights (a LoRA run's adapter) and AdamW state, spread over the ranks
             from safetensors.torch import load_file
 
-            load_full_state(self.model, self.opt, load_file(ckpt / "model.safetensors"), named_optimizer_state(self.model, state["optimizer"]))
+            if self.adapter is not None:
+                model, adapter = self._fresh_lora()
+                load_adapter(adapter, ckpt)
+                weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+            else:
+                weights = load_file(ckpt / "model.safetensors")
+            load_full_state(self.model, self.opt, weights, named_optimizer_state(self.model, state["optimizer"]))
         self.sched.load_state_dict(state["scheduler"])
         own = ckpt / _rng_file(self.ranks.rank)
         rng = torch.load(own, weights_only=False) if own.is_file() else None
@@ -268,17 +277,37 @@ class ShardedTrainer(Trainer):
             self._log(self.evaluate(), last, bar)
         if self._saved_at != self.step:
             self.save()
-        weights, _ = full_state(self.model)  # every rank takes part; rank 0 holds the whole model
+        weights, _ = full_state(self.model, trainable_only=self.adapter is not None)  # every rank takes part; rank 0 holds it whole
         summary: dict[str, Any] = {}
         if self.ranks.main:
             config, summary = self.cfg.model_dump(mode="json"), self.summary()
             write_report(self.run_dir, config, summary)
             self.trackers.images(self.step, [self.run_dir / name for name in PLOTS])
             card = card_files(self.run_dir, config, summary, self.cfg.reward or self.source.reward)
-            save_checkpoint(self.run_dir / "final", _plain_model(self.model, weights, self.cfg.model.dtype), self.tokenizer, {"step": self.step},
-                            files=card)
+            whole = _plain_model(self.model, weights, self.cfg.model.dtype) if self.adapter is None else self._plain_adapter(weights)
+            save_checkpoint(self.run_dir / "final", whole, self.tokenizer, {"step": self.step}, files=card)
         self.ranks.barrier()
         return summary
+
+
+    def _fresh_lora(self):
+        """`(model, peft_model)`: a fresh, unsharded copy of the base model on the CPU with this run's adapters, as one process has it."""
+        from assay.models import load_policy, resolve_model_path
+        from assay.models.lora import apply_lora
+
+        base, _ = load_policy(self.cfg.model.path, torch.device("cpu"), self.cfg.model.dtype, self.cfg.model.chat_template)
+        return apply_lora(base, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
+
+    def _plain_adapter(self, weights: dict[str, torch.Tensor]):
+        """peft's wrapper of `_fresh_lora`'s model with this run's adapters set to `weights` (the trainable ones, gathered),
+        for `save_pretrained`: the adapter folder a single-process LoRA run writes."""
+        model, adapter = self._fresh_lora()
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        missing = [n for n in trainable if n not in weights]
+        if missing:
+            raise AssayError(f"final/: the gathered state lacks {len(missing)} of the run's adapter weights (first: {missing[0]})")
+        model.load_state_dict({n: weights[n] for n in trainable}, strict=False)
+        return adapter
 
 
 def _plain_model(sharded, weights: dict[str, torch.Tensor], dtype: str):
