@@ -123,7 +123,7 @@ def test_the_docs_state_when_resume_is_bit_for_bit():
 
 #: each "not yet" of the README, and what its code would contain once it is done
 NOT_YET = {
-    "An engine behind a sharded learner": r"stream_sharded_weights|sharded_weight_sync",
+    "A shared server behind a sharded learner": r"push_from_ranks|server_from_ranks",
     "Vision-language models": r"pixel_values|AutoProcessor|image_processor|AutoModelForVision|ForConditionalGeneration",
 }
 

@@ -123,6 +123,8 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         clean = True
         raise
     finally:
+        if trainer.ranks.active:
+            trainer.sampler.close()  # an engine's own groups live in the run's process group: they go first
         trainer.ranks.close(clean)
 
 

@@ -100,10 +100,11 @@ def rotary_table(model, like: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Te
 
 
 def sharded(model) -> bool:
-    """Whether `model`'s weights are shards (FSDP2's DTensors), which only its own forward gathers."""
+    """Whether `model`'s weights are shards (FSDP2's DTensors), which only its own forward gathers. Any of them: after a
+    forward FSDP2 leaves the root's own weights (embeddings, final norm) whole, the layers' sharded."""
     from torch.distributed.tensor import DTensor
 
-    return isinstance(next(model.parameters()), DTensor)
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def batch_supported(model, batch) -> str | None:

@@ -122,14 +122,16 @@ def unsupported(model, training: bool = False) -> str | None:
     return None
 
 
-def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
+def merged_weights(model, skip: tuple[str, ...] = ()) -> list[tuple[str, torch.Tensor]]:
     """`model`'s parameters under their Hugging Face names, every name (tied ones too), what an inference engine loads:
     a LoRA layer's as its effective weight W + Σ s·B·A (peft's own delta: linear and embedding layers), its A and B left
-    out. Without adapters: exactly `named_parameters(remove_duplicate=False)`."""
+    out. Without adapters: exactly `named_parameters(remove_duplicate=False)`. `skip`: name prefixes left out."""
     layers = {name: m for name, m in model.named_modules() if is_lora_layer(m)}
     out = []
     with torch.no_grad():
         for name, p in model.named_parameters(remove_duplicate=False):
+            if skip and name.startswith(skip):
+                continue
             owner, _, rest = name.rpartition(".base_layer.")
             if owner in layers and rest in ("weight", "bias"):
                 if rest == "weight":

@@ -31,7 +31,7 @@ import os
 import random
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -40,6 +40,7 @@ from assay.errors import AssayError
 from assay.models.lora import merged_weights
 from assay.rollout.base import SamplingParams, encode_prompt
 from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, tolerance_for
+from assay.training.dist import engine_weights, is_sharded
 from assay.types import Sample, Trajectory
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -140,7 +141,10 @@ class VLLMSampler:
         self._wake(["weights"])
         # every name, tied ones included: vLLM's layerwise reload processes its LM head only when
         # `lm_head.weight` arrives, and a tied copy left out keeps the engine's old values there
-        weights = merged_weights(model)  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
+        if is_sharded(model):  # a torchrun rank's FSDP2 shards: gathered and handed over one unit at a time
+            weights: Iterable[tuple[str, torch.Tensor]] = engine_weights(model)
+        else:
+            weights = merged_weights(model)  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
         self._wake(["kv_cache"])

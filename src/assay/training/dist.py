@@ -235,6 +235,24 @@ def _state_dicts(model, optimizer, trainable_only: bool) -> tuple[dict, dict]:
     return msd, osd
 
 
+def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """A sharded policy's weights for an inference engine, as `assay.models.lora.merged_weights` names them, gathered one
+    FSDP2 unit at a time: the root's own (embeddings, final norm, LM head), then each decoder layer, each copied out and
+    its unit sharded again before the next is gathered, so no rank holds more than one unit whole beside its shards (and
+    what the engine still holds of what it was given). Every rank must consume it, in step: each gather is collective."""
+    from assay.models.lora import merged_weights
+
+    units = [(prefix, m) for prefix, m in model.named_modules() if prefix and m in set(fsdp_modules(model))]
+    inner = tuple(f"{prefix}." for prefix, _ in units)
+    for prefix, unit in [("", model), *units]:
+        unit.unshard()
+        try:
+            for name, tensor in merged_weights(unit, skip=inner if unit is model else ()):
+                yield (f"{prefix}.{name}" if prefix else name), tensor.clone()  # the gathered buffer is freed by reshard
+        finally:
+            unit.reshard()
+
+
 def save_sharded(folder: Path, model, optimizer, trainable_only: bool = False) -> None:
     """The model's and optimizer's shards under `folder/dcp` (every rank writes its own; call on every rank).
     `trainable_only`: the weights that train and nothing frozen (a LoRA run: the adapters, not the base)."""

@@ -17,9 +17,13 @@ It is `Trainer` with the steps that differ when N processes share a run:
   policy (`model.lora`) is sharded whole, base and adapters; its checkpoints hold the adapters alone and its
   `final/` is the adapter folder one process writes.
 
+With `rollout.backend=vllm` every rank generates with its own engine, which takes the sharded
+weights one FSDP2 unit at a time after each update (`dist.engine_weights`); nothing is gathered
+for generation.
+
 Left out, and refused in one line: a model outside the Llama family (generation reads the
-gathered weights through `StaticDecoder`, without the model's own forward), engine backends (their
-weight sync from a sharded learner is not written yet). Not applied: micro-batches
+gathered weights through `StaticDecoder`, without the model's own forward), the `openai` backend
+(one server fed by every rank is not written yet). Not applied: micro-batches
 (`train.micro_batch_mb`; a rank's micro-batch count would have to match the others', so a rank
 runs its share of a minibatch whole). The reference policy and a critic are replicated on every
 rank, not sharded.
@@ -60,9 +64,9 @@ class ShardedTrainer(Trainer):
         ranks = Ranks.from_env(torch.device(self.cfg.model.device))
         cfg = self.cfg
         if ranks.active:
-            if cfg.rollout.backend != "torch":
+            if cfg.rollout.backend not in ("torch", "vllm"):
                 raise AssayError(f"torchrun with {ranks.world} processes: rollout.backend={cfg.rollout.backend} is not supported yet "
-                                 "(the torch backend is; an engine's weight sync from a sharded learner is still to be written)")
+                                 "(torch and vllm are: each rank generates with its own; a server shared by the ranks is still to be written)")
         return ranks
 
     def _policy_dtype(self) -> str:
@@ -96,7 +100,8 @@ class ShardedTrainer(Trainer):
         shard(self.model, self.ranks, bf16=bf16)
 
     def generating(self):
-        return full_weights(self.model)
+        """The torch sampler reads the policy's whole weights (gathered for the block); an engine holds its own copy."""
+        return full_weights(self.model) if self.cfg.rollout.backend == "torch" else contextlib.nullcontext()
 
     def _guard(self, signals):
         return signals.critical() if self.ranks.active else contextlib.nullcontext()
