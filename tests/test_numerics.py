@@ -384,3 +384,43 @@ def test_the_cache_goes_by_the_name_the_models_forward_takes():
             return input_ids
 
     assert cache_arg(Old()) == "past_key_values" and cache_arg(New()) == "cache"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_activation_checkpointing_recomputes_each_layer_and_keeps_the_gradient(arith_batch, fast, monkeypatch):
+    """`train.activation_checkpointing`: the update's gradient is the same, and the layers really are recomputed in the
+    backward pass (assay's forward checkpoints each layer; the model's own forward calls each layer's MLP twice)."""
+    from assay.models import llama
+
+    model, batch, adv, _ = arith_batch
+    algo = AlgoConfig()
+    model.train()
+    model.zero_grad()
+    plain = learner.accumulate_step(model, None, batch, adv, algo, 1.0, 6, fast=fast)
+    reference = _grads(model)
+    calls = {"checkpoint": 0, "mlp": 0}
+    real = torch.utils.checkpoint.checkpoint
+
+    def counting(*args, **kwargs):
+        calls["checkpoint"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counting)
+    hook = model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__("mlp", calls["mlp"] + 1))  # the recomputation
+    # stops as soon as it has what the backward needs, inside the MLP: a pre-hook sees it, a forward hook would not
+    llama.enable_checkpointing(model)
+    try:
+        model.zero_grad()
+        recomputed = learner.accumulate_step(model, None, batch, adv, algo, 1.0, 6, fast=fast)
+    finally:
+        hook.remove()
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+    assert llama.checkpointing(model) is False
+    if fast:
+        assert calls["checkpoint"] == len(model.model.layers)  # one micro-batch: each layer once
+    else:
+        assert calls["mlp"] == 2  # the forward, then the recomputation in the backward
+    assert recomputed["actor/loss"] == pytest.approx(plain["actor/loss"], abs=1e-6)
+    for a, b in zip(_grads(model), reference):
+        _assert_close(a, b)
+    assert learner.activation_bytes_per_token(model, True) < learner.activation_bytes_per_token(model) / 2 or len(model.model.layers) < 4

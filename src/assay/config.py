@@ -355,6 +355,11 @@ class TrainConfig(Section):
     and wherever the trainer recomputes logprobs: each distinct prompt once per micro-batch
     (Prefix Grouper's shared-prefix forward), fused projections; the same logprobs and
     gradients as the model's own forward, to rounding. False: always the model's own forward."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input during the update and recompute the layer in the
+    backward pass: activation memory falls from every layer's intermediates to one layer's (plus
+    one hidden vector per layer and token), for about one more forward of compute. The same
+    gradients, to rounding; larger micro-batches (`micro_batch_mb` is sized for it)."""
     samples_every: int = Field(20, ge=0)
     """Write a few prompts with their completions, rewards and reasons to `samples.jsonl` at
     step 1 and every this many steps (0: never)."""

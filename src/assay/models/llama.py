@@ -27,6 +27,7 @@ Sampling (`prompt_cache`): the same prompt stream fills the decoder's KV cache
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 from assay.models.lora import bias_of, unsupported as lora_unsupported, weight_of
@@ -97,6 +98,23 @@ def rotary_table(model, like: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Te
     cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
     half = sin.shape[-1] // 2
     return cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+
+
+def enable_checkpointing(model) -> None:
+    """Turn on `model`'s own activation checkpointing, non-reentrant (`train.activation_checkpointing`); assay's forward
+    (`prefix_hidden`) reads the same flag (`checkpointing`). By whichever name this transformers has it."""
+    if hasattr(type(model), "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def checkpointing(model) -> bool:
+    """Whether `model`'s activation checkpointing is on."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
 
 
 def sharded(model) -> bool:
@@ -206,7 +224,7 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
     sdpa_gqa = gqa and dev.type != "cuda"
     NP = U * Pu
 
-    for layer in body.layers:
+    def block(x: torch.Tensor, layer) -> torch.Tensor:
         a, m = layer.self_attn, layer.mlp
         h = _norm(layer.input_layernorm, dtype)(x)
         qkv = F.linear(h, fused_weight(a.q_proj, a.k_proj, a.v_proj), _cat_bias(a.q_proj, a.k_proj, a.v_proj))
@@ -232,5 +250,10 @@ def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row_prompt: 
         x = _residual(x, torch.cat(parts) if S else parts[0], a.o_proj)
         h = _norm(layer.post_attention_layernorm, dtype)(x)
         gate, up = F.linear(h, fused_weight(m.gate_proj, m.up_proj), _cat_bias(m.gate_proj, m.up_proj)).chunk(2, dim=-1)
-        x = _residual(x, m.act_fn(gate) * up, m.down_proj)
+        return _residual(x, m.act_fn(gate) * up, m.down_proj)
+
+    # `train.activation_checkpointing` (the model's own flag): each layer's input is kept, the layer recomputed in the backward
+    recompute = checkpointing(model) and model.training and torch.is_grad_enabled() and kv_out is None
+    for layer in body.layers:
+        x = torch.utils.checkpoint.checkpoint(block, x, layer, use_reentrant=False) if recompute else block(x, layer)
     return _norm(body.norm, dtype)(x)

@@ -80,18 +80,21 @@ def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
     return out, advantages[:, :t]
 
 
-def activation_bytes_per_token(model) -> int:
+def activation_bytes_per_token(model, checkpointing: bool = False) -> int:
     """Rough memory the backward pass keeps per token: layers × (16·hidden + 8·intermediate) values.
 
     Fitted to Qwen2/Llama blocks under autograd (norms, q/k/v, attention output, the MLP's
     gate, up, activation and product); within ~5% of the measured peak for the models
-    used here. Used only to size micro-batches (`train.micro_batch_mb`).
+    used here. With activation `checkpointing`: each layer's input, plus one layer's
+    intermediates while it is recomputed. Used only to size micro-batches (`train.micro_batch_mb`).
     """
     cfg = model.config
     hidden = getattr(cfg, "hidden_size", 0) or 0
     inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
     layers = getattr(cfg, "num_hidden_layers", 1) or 1
     itemsize = next(model.parameters()).element_size()
+    if checkpointing:
+        return max(1, (layers * hidden + 16 * hidden + 8 * inter) * itemsize)
     return max(1, layers * (16 * hidden + 8 * inter) * itemsize)
 
 

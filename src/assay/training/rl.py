@@ -30,6 +30,7 @@ from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
 from assay.models import load_policy, resolve_model_path
+from assay.models.llama import enable_checkpointing
 from assay.models.lora import AdapterOff, apply_lora, load_adapter
 from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
 from assay.report.metrics import JsonlSink
@@ -144,8 +145,11 @@ class Trainer:
         self.async_health = AsyncHealth()
         self.resumed_versions: dict[int, dict[str, torch.Tensor]] = {}
         self._wall_offset, self._wall_t0 = 0.0, time.perf_counter()
+        if cfg.train.activation_checkpointing:  # the model's own forward and assay's (models/llama.py) both read this flag
+            enable_checkpointing(self.model)
         mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
-        self.micro_batch_tokens = max(1, int(mb * 2**20 / activation_bytes_per_token(self.model))) if mb else 0
+        per_token = activation_bytes_per_token(self.model, cfg.train.activation_checkpointing)
+        self.micro_batch_tokens = max(1, int(mb * 2**20 / per_token)) if mb else 0
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
         self.generator = torch.Generator(device="cpu").manual_seed(self._stream_seed())  # a sampler on a device seeds its own from it
         self._place()  # before the optimizer: a sharded policy's optimizer steps its shards
