@@ -16,6 +16,7 @@ WHEELS=(
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
   math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
   trl==1.16.0 setuptools==84.2.1 typing-extensions==4.16.0
+  peft==0.21.2
 )
 rm -rf .whl && mkdir -p .whl
 python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \

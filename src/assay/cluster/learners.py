@@ -33,6 +33,7 @@ class LearnerWorker:
             clean = True
             return final
         finally:
+            trainer.sampler.close()  # an engine's own groups live in the learners' process group: they go first
             trainer.ranks.close(clean)
 
 
