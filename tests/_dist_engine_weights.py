@@ -1,7 +1,7 @@
 """Run by `tests/test_dist.py` under `torchrun --nproc-per-node 2`: what a sharded policy hands an inference engine
 (`assay.training.dist.engine_weights`) against what one process hands it (`merged_weights`), with and without LoRA.
 
-Prints, on rank 0, a JSON line: the same names (each once), the largest |sharded − single| entry, and the most FSDP2 units
+With the argument `lora`, also a LoRA policy. Prints, on rank 0, a JSON line each: the same names (each once), the largest |sharded − single| entry, and the most FSDP2 units
 whole at once while the weights streamed."""
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from assay.models.lora import merged_weights
 from assay.training.dist import Ranks, engine_weights, exit_rank, fsdp_modules, shard
 
 
-def main(lora: bool) -> None:
-    torch.set_num_threads(1)
-    ranks = Ranks.from_env(torch.device("cpu"))
+def main(ranks: Ranks, lora: bool) -> None:
     model, _ = load_policy("tiny-arith")
     if lora:  # B made non-zero, so that the merged weights differ from the base's
         from assay.config import LoraSettings
@@ -44,10 +42,14 @@ def main(lora: bool) -> None:
         names.append(name)
         diff = max(diff, float((tensor - single[name]).abs().max()))
     if ranks.main:
-        print(json.dumps({"same_names": sorted(names) == sorted(single), "max_diff": diff, "most_whole_units": most, "units": len(inner) + 1}))
-    ranks.close()
+        print(json.dumps({"lora": lora, "same_names": sorted(names) == sorted(single), "max_diff": diff, "most_whole_units": most,
+                          "units": len(inner) + 1}))
 
 
 if __name__ == "__main__":
-    main("lora" in sys.argv[1:])
+    torch.set_num_threads(1)
+    ranks = Ranks.from_env(torch.device("cpu"))
+    for lora in [False, True] if "lora" in sys.argv[1:] else [False]:
+        main(ranks, lora)
+    ranks.close()
     exit_rank(0)

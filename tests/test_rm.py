@@ -327,6 +327,7 @@ def test_longer_pairs_are_longer_yet_plausible_sums():
 # ---------------------------------------------------------------- the CLI, end to end
 
 
+@pytest.mark.slow  # about 30 s: four commands end to end
 def test_cli_pairs_train_eval_and_rl_with_the_rm(tmp_path, tiny_model_dir):
     from assay.data.tasks import in_heldout
 
