@@ -22,7 +22,6 @@ from typing import Any
 
 import yaml
 
-from assay.devices import check_device, generator_for
 from assay.errors import AssayError
 from assay.models import BUNDLED_DIR, build_char_tokenizer, build_tiny_model, quiet_hf
 
@@ -57,6 +56,7 @@ def from_base(base: str, add_chars: str, seed: int):
     """
     import torch
 
+    from assay.devices import generator_for
     from assay.models import ALPHABET, load_policy
 
     model, base_tok = load_policy(str(BUNDLED_DIR / base / "model"))
@@ -85,6 +85,7 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     from rich.progress import Progress
 
     from assay.data.tasks import make_task
+    from assay.devices import check_device
     from assay.training.sft import SFTConfig, sft
 
     quiet_hf()
