@@ -186,8 +186,12 @@ class Trainer:
         """Adapters on the policy (`model.lora`, `assay.models.lora`): `self.model` keeps them in place; peft's wrapper, or None."""
         if self.cfg.model.lora is None:
             return None
-        self.model, adapter = apply_lora(self.model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
+        self.model, adapter = self._adapters_on(self.model)
         return adapter
+
+    def _adapters_on(self, model) -> tuple[Any, Any]:
+        """`(model, peft_model)`: `model` with this run's adapters (`model.lora`), as `assay.models.lora.apply_lora` gives them."""
+        return apply_lora(model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
 
     @property
     def saved_model(self):

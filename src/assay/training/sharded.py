@@ -294,14 +294,12 @@ class ShardedTrainer(Trainer):
         self.ranks.barrier()
         return summary
 
-
     def _fresh_lora(self):
         """`(model, peft_model)`: a fresh, unsharded copy of the base model on the CPU with this run's adapters, as one process has it."""
-        from assay.models import load_policy, resolve_model_path
-        from assay.models.lora import apply_lora
+        from assay.models import load_policy
 
         base, _ = load_policy(self.cfg.model.path, torch.device("cpu"), self.cfg.model.dtype, self.cfg.model.chat_template)
-        return apply_lora(base, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
+        return self._adapters_on(base)
 
     def _plain_adapter(self, weights: dict[str, torch.Tensor]):
         """peft's wrapper of `_fresh_lora`'s model with this run's adapters set to `weights` (the trainable ones, gathered),
