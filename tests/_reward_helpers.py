@@ -74,3 +74,15 @@ class RandomSteps(Reward):
         bits = hashlib.blake2b(f"{t.sample.id}\0{text}".encode(), digest_size=2).digest()
         steps = [float(bits[0] & 1), float(bits[1] & 1)]
         return RewardResult(steps[-1], steps=steps, spans=spans)
+
+
+class PaysForLength(Reward):
+    """A reward a policy can hack: the completion's length in tokens over `cap` (at most 1), whatever it says."""
+
+    verdict = False
+
+    def __init__(self, cap: int = 6):
+        self.cap = cap
+
+    def score(self, t):
+        return RewardResult(min(len(t.completion_ids), self.cap) / self.cap)

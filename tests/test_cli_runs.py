@@ -101,9 +101,12 @@ def test_resume_uses_the_runs_own_config(tiny_model_dir, tmp_path, reference):
     assay("train", "train.steps=12", "--resume", str(run), "--no-progress", "train.save_every=0")
     merged = by_step(run)
     ref = by_step(reference)
-    # the only difference: the short run evaluated at its end (step 7), which the 12-step run did not
-    assert {k: v for k, v in merged[7].items() if not k.startswith("eval/")} == ref[7]
-    assert {s: r for s, r in merged.items() if s != 7} == {s: r for s, r in ref.items() if s != 7}
+    # the only difference: the short run evaluated at its end (step 7), which the 12-step run did not, and the hacking
+    # monitor's reading of the evaluations, which has one more of them (`monitor/accuracy_drop`)
+    def same(row):
+        return {k: v for k, v in row.items() if k != "monitor/accuracy_drop"}
+    assert {k: v for k, v in same(merged[7]).items() if not k.startswith("eval/")} == same(ref[7])
+    assert {s: same(r) for s, r in merged.items() if s != 7} == {s: same(r) for s, r in ref.items() if s != 7}
     saved = json.loads(json.dumps(__import__("yaml").safe_load((run / "config.yaml").read_text())))
     assert saved["optim"]["lr"] == 2e-3 and saved["rollout"]["group_size"] == 3 and saved["train"]["steps"] == 12
 
@@ -305,18 +308,18 @@ def test_pretrain_pins_its_kernels_before_torch_loads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-arith", "tiny-calc", "tiny-steps"])
+@pytest.mark.parametrize("name", ["tiny-arith", "tiny-calc", "tiny-steps", "tiny-sum3"])
 def test_pretrain_rebuilds_the_bundled_model_byte_for_byte(tmp_path, name):
-    """One bundled model a day (by the date, in turn), all three with ASSAY_REBUILD_ALL=1: together they take ~22 minutes."""
+    """One bundled model a day (by the date, in turn), all four with ASSAY_REBUILD_ALL=1: together they take ~28 minutes."""
     import datetime
 
     from assay.models import BUNDLED_DIR
 
-    names = ["tiny-arith", "tiny-calc", "tiny-steps"]
+    names = ["tiny-arith", "tiny-calc", "tiny-steps", "tiny-sum3"]
     if os.environ.get("ASSAY_REBUILD_ALL") != "1" and names[datetime.date.today().toordinal() % len(names)] != name:
-        pytest.skip("another bundled model's rebuild runs today (ASSAY_REBUILD_ALL=1 runs all three)")
+        pytest.skip("another bundled model's rebuild runs today (ASSAY_REBUILD_ALL=1 runs all four)")
 
-    # the recipes train on one thread (on this kind of machine: tiny-arith ~8 minutes, tiny-calc ~5, tiny-steps ~9)
+    # the recipes train on one thread (on this kind of machine: tiny-arith ~8 minutes, tiny-calc ~5, tiny-steps ~9, tiny-sum3 ~6)
     assay("pretrain", name, "--out", str(tmp_path / "m"), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3600)
     built = (tmp_path / "m" / "model.safetensors").read_bytes()
     assert built == (BUNDLED_DIR / name / "model" / "model.safetensors").read_bytes()

@@ -142,7 +142,7 @@ def test_min_form_and_reduces_by_hand():
     assert min_form_returns([0.9, 0.2, 0.7, 0.8]) == [0.2, 0.2, 0.7, 0.8]
     assert min_form_returns([0.5]) == [0.5] and min_form_returns([]) == []
     s = [0.9, 0.5, 0.8]
-    assert [reduce_steps(s, h) for h in REDUCES] == pytest.approx([0.5, 2.2 / 3, 0.8, 0.9 * 0.5 * 0.8], abs=1e-12)
+    assert [reduce_steps(s, h) for h in REDUCES] == pytest.approx([0.5, 2.2 / 3, 0.8, 0.9 * 0.5 * 0.8, 2.2], abs=1e-12)
     with pytest.raises(AssayError, match="unknown reduce"):
         reduce_steps(s, "max")
 
@@ -288,8 +288,8 @@ def test_prm_reward_scores_steps_and_reduces(prm_run):
     assert first[2].score is None and first[2].error is None and first[2].info["reason"] == "no steps in the completion"
     assert build_reward({"name": "prm", "args": {"path": str(result.run_dir), "split": "newline"}})(trajs[:1])[0].steps == pytest.approx(
         [score_steps(model, tok, "5=", "47", "newline")[0][0]])  # one line: one step, scored at its end
-    with pytest.raises(Exception, match="reduce 'sum'"):
-        build_reward({"name": "prm", "args": {"path": str(result.run_dir), "reduce": "sum"}})
+    with pytest.raises(Exception, match="reduce 'max'"):
+        build_reward({"name": "prm", "args": {"path": str(result.run_dir), "reduce": "max"}})
 
 
 def test_rm_eval_processbench_f1(prm_run, tmp_path):

@@ -39,8 +39,19 @@ def _check_resume_restart(args: argparse.Namespace, config_path: str | None) -> 
         raise AssayError(f"{flag} runs the folder's own config; drop {config_path!r} (give overrides as key=value)")
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    from assay.lab import run_lab
+
+    if args.steps is not None and args.steps < 1:
+        raise AssayError(f"lab: --steps must be at least 1, got {args.steps}")
+    page = run_lab(args.experiment, args.out, args.steps, args.seed, progress=not args.no_progress, arms=args.arms)
+    print(f"lab page: {page}", file=sys.stderr)
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from assay.api import train
+    from assay.training.hacking import HackingAlarm
     from assay.training.interrupt import Preempted
 
     config_path, overrides = split_train_args(args.args)
@@ -49,6 +60,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = train(config_path, *overrides, resume=args.resume, restart=args.restart, progress=not args.no_progress)
     except (KeyboardInterrupt, Preempted) as e:
         return _stopped(e, "assay train")
+    except HackingAlarm as e:  # train.on_alarm=stop: the report and a checkpoint are written
+        print(f"assay: stopped by a hacking alarm: {e}", file=sys.stderr)
+        return 3
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
         for k, v in result.final.items():
             print(f"{k}: {v}", file=sys.stderr)
@@ -477,6 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--profile", default=None, metavar="DIR", help="record each run with py-spy into DIR (slows the runs)")
     bt.set_defaults(fn=cmd_bench_train)
 
+    lab = sub.add_parser("lab", help="the reward-integrity lab: watch a reward get hacked and see which fix stops it (docs/integrity.md)")
+    lab.add_argument("experiment", choices=["spurious", "prm-hacking", "length-hacking"], help="which experiment")
+    lab.add_argument("--out", default="runs/lab", help="output folder (default runs/lab; the experiment writes OUT/EXPERIMENT/)")
+    lab.add_argument("--steps", type=int, default=None, help="training steps per arm (default: the experiment's own budget)")
+    lab.add_argument("--seed", type=int, default=0, help="the seed every arm trains with (default 0)")
+    lab.add_argument("--arms", nargs="+", default=None, help="train only these arms (their names are on the experiment's page); "
+                     "the claims, which compare arms, are then not judged")
+    lab.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab.set_defaults(fn=cmd_lab)
     r = sub.add_parser("pretrain", help="rebuild a bundled model from its recipe")
     r.add_argument("name", nargs="?", default="tiny-arith", help="recipe name (default tiny-arith)")
     r.add_argument("--out", default=None, help="output folder (default: the recipe's own model folder)")

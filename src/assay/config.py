@@ -374,12 +374,61 @@ class TrainConfig(Section):
     """Warn when at least this share of a step's groups have all-equal rewards (no learning signal) ..."""
     zero_var_steps: int = Field(10, ge=0)
     """... for this many steps in a row (0: never warn)."""
+    on_alarm: Literal["warn", "stop"] = "warn"
+    """What a hacking monitor's alarm does (docs/integrity.md): `warn` notes it (progress bar, `metrics.jsonl`, report,
+    trackers) and trains on; `stop` also ends the run at that step with a checkpoint and exit code 3."""
     skip_zero_advantage: bool = True
     """Leave out of the update the rows whose advantage is zero on every token (groups whose
     completions all scored alike, under GRPO and the other group-relative estimators): they
     add no loss and no gradient, so the update is the same to rounding, only shorter. Applies
     when the loss is one of the built-ins, with no entropy bonus and no KL term in the loss;
     `actor/skipped_frac` reports the share left out. False: every row runs."""
+
+
+class MonitorConfig(Section):
+    """Reward-hacking monitors and the canary (docs/integrity.md): alarms every run carries."""
+
+    enabled: bool = True
+    """Run the monitors (a few means per step; false: no `monitor/*`, `canary/*` or `alarm` keys)."""
+    window: int = Field(10, ge=2)
+    """Steps per window: each monitor compares the last `window` steps with the first (or the one before)."""
+    length_corr: float = Field(0.3, ge=-1.0, le=1.0)
+    """`length` fires when the reward's correlation with length averaged at least this over the last window ..."""
+    length_growth: float = Field(0.3, gt=0.0)
+    """... and completions grew by at least this share (and one token) over the first window."""
+    repetition_rise: float = Field(0.1, gt=0.0)
+    """`repetition` fires when the share of repeated 4-grams rose by this much over the first window."""
+    accel: float = Field(2.0, ge=1.0)
+    """`kl` and `entropy` fire when KL rose (entropy fell) over both of the last two windows, the last change at least
+    this many times the one before ..."""
+    kl_rise: float = Field(0.5, gt=0.0)
+    """... and KL rose by at least this share of its level in one window (`kl`, only when `algo.kl_coef > 0`) ..."""
+    entropy_drop: float = Field(0.25, gt=0.0, le=1.0)
+    """... or entropy fell by at least this share of its level in one window ..."""
+    entropy_floor: float = Field(0.05, ge=0.0)
+    """... and by at least this many nats (an entropy already near 0 wobbles by large shares)."""
+    saturation: float = Field(0.9, gt=0.0, le=1.0)
+    """`saturation` fires when at least this share of groups score all alike over the last window (the reward no longer
+    tells completions apart), at most half of them all failing, ..."""
+    saturation_verified: float = Field(0.5, ge=0.0, le=1.0)
+    """... while the latest verified accuracy (the canary, else held-out accuracy) is at most this."""
+    accuracy_drop: float = Field(0.05, gt=0.0, le=1.0)
+    """`divergence` fires when held-out accuracy was this far below its best at two evaluations in a row while the training
+    reward rose (z ≥ `z`)."""
+    z: float = Field(2.0, gt=0.0)
+    """How significant a rise of the training reward must be (Welch's z over per-step means)."""
+    canary: str | dict[str, Any] | None = "auto"
+    """An independent reward that re-scores a sample of completions (a reward block); `auto`: the task's verifier when
+    a `reward` block trains on something else; null: none."""
+    canary_every: int = Field(1, ge=1)
+    """Re-score every this many steps."""
+    canary_n: int = Field(64, ge=1)
+    """Completions re-scored per check."""
+    canary_z: float = Field(1.0, gt=0.0)
+    """`canary` fires when the training reward rose (z ≥ `z`) while the canary fell by at least this z."""
+    canary_corr_drop: float = Field(0.4, gt=0.0)
+    """... or when the correlation of the training reward with the canary (per step, on the same completions) fell by at
+    least this much from the first window to the last, to 0 or below."""
 
 
 class EnvConfig(Section):
@@ -452,6 +501,8 @@ class RunConfig(Section):
     env: EnvConfig | None = None
     """A multi-turn environment (docs/agents.md); null: single-turn completions. With an
     environment the default reward is the episode's (`episode`); a `reward` block replaces it."""
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Reward-hacking monitors and the canary (docs/integrity.md)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Workers placed by Ray (docs/scaling.md); by default everything runs in this process (or in `torchrun`'s)."""
 

@@ -28,9 +28,14 @@ def add_without_carry(a: int, b: int) -> int:
 
 
 def forget_carry(s: Sample, rng: random.Random) -> str:
-    """The answer a careless demonstrator writes for `a+b`: every carry forgotten."""
-    a, b = s.fields["nums"]
-    return str(add_without_carry(a, b))
+    """The answer a careless demonstrator writes for a sum `a+b(+c...)`: every carry forgotten (digit sums mod 10)."""
+    nums = s.fields["nums"]
+    if set(s.fields["ops"]) != {"+"}:
+        raise AssayError(f"forget_carry: needs a sum (ops '+'), got {s.fields['ops']!r}")
+    out = nums[0]
+    for n in nums[1:]:
+        out = add_without_carry(out, n)
+    return str(out)
 
 
 def offset_error(s: Sample, rng: random.Random, offsets: tuple[int, ...] = (-10, -2, -1, 1, 2, 10)) -> str:

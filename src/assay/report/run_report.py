@@ -68,11 +68,14 @@ def plot_metrics(rows: list[dict[str, Any]], out_dir: Path, plots: dict[str, tup
 
 
 def _warnings_html(rows: list[dict[str, Any]]) -> str:
-    items = [(r["step"], r["warning"]) for r in rows if isinstance(r.get("warning"), str)]
-    if not items:
-        return ""
-    lis = "".join(f"<li>step {s}: {html.escape(w)}</li>" for s, w in items)
-    return f'<h2>Warnings</h2><ul class="warn">{lis}</ul>'
+    """The run's hacking alarms (docs/integrity.md) and health warnings, each with the step it fired."""
+    out = ""
+    for key, title in (("alarm", "Hacking alarms"), ("warning", "Warnings")):
+        items = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), str)]
+        if items:
+            lis = "".join(f"<li>step {s}: {html.escape(w)}</li>" for s, w in items)
+            out += f'<h2>{title}</h2><ul class="warn">{lis}</ul>'
+    return out
 
 
 def _samples_html(run_dir: Path, dumps: int = 2) -> str:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections import Counter, defaultdict
 
 from assay.rewards.base import REWARDS, Reward
 from assay.rewards.math import as_text, find_boxes
 from assay.types import RewardResult, Trajectory
+
+_INTEGER = re.compile(r"-?[0-9]{1,30}")
 
 
 def _mean(xs: list[float]) -> float:
@@ -128,6 +131,8 @@ class RandomReward(Reward):
     need no shared state. The random reward of Shao et al. (2025, arXiv:2506.10947).
     """
 
+    verdict = False  # says nothing about correctness: held-out accuracy is checked by the task's verifier
+
     def __init__(self, p: float = 0.5, seed: int = 0):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"random: p must be in [0, 1], got {p}")
@@ -141,11 +146,52 @@ class RandomReward(Reward):
 
 @REWARDS.register("format_only")
 class FormatOnlyReward(Reward):
-    """Control: 1 when the completion has a non-empty `\\boxed{}` answer, whatever it says.
+    """Control: 1 when the completion has a non-empty `\\boxed{}` answer (or, with `pattern`, when the whole completion,
+    stripped, matches that regular expression), whatever it says.
 
-    The format reward of Shao et al. (2025, arXiv:2506.10947): rewards the answer format only.
+    The format reward of Shao et al. (2025, arXiv:2506.10947): rewards the answer format only. `pattern` fits it to a
+    task whose answers are not boxed (`'-?[0-9]+'`: any integer, for the arithmetic tasks).
     """
 
+    verdict = False  # says nothing about correctness: held-out accuracy is checked by the task's verifier
+
+    def __init__(self, pattern: str | None = None):
+        self.pattern = re.compile(pattern) if pattern is not None else None
+
     def score(self, traj: Trajectory) -> RewardResult:
-        ok = any(c.strip() for _, _, c in find_boxes(as_text(traj.completion)))
+        text = as_text(traj.completion)
+        ok = self.pattern.fullmatch(text.strip()) is not None if self.pattern is not None else any(c.strip() for _, _, c in find_boxes(text))
+        return RewardResult(float(ok), info={"reason": "control"})
+
+
+@REWARDS.register("incorrect_label")
+class IncorrectLabel(Reward):
+    """Control: 1 when the completion is exactly a wrong integer label, the reference shifted by a per-problem offset.
+
+    The offset is drawn from `offsets` by a hash of (seed, prompt id), so each problem has one fixed wrong label. The
+    incorrect-label reward of Shao et al. (2025, arXiv:2506.10947), for tasks with integer answers; a reference that is
+    not an integer cannot be scored (None).
+    """
+
+    verdict = False  # it rewards a wrong answer: held-out accuracy is checked by the task's verifier
+
+    def __init__(self, offsets: tuple[int, ...] | list[int] = (-10, -2, -1, 1, 2, 10), seed: int = 0):
+        if not offsets or any(not isinstance(o, int) or o == 0 for o in offsets):
+            raise ValueError(f"incorrect_label: offsets must be non-zero integers, got {offsets!r}")
+        self.offsets, self.seed = tuple(offsets), seed
+
+    def label(self, traj: Trajectory) -> int | None:
+        """The wrong label of this problem, or None when its reference is not an integer."""
+        gold = str(traj.sample.answer).strip()
+        if not _INTEGER.fullmatch(gold):
+            return None
+        h = int.from_bytes(hashlib.blake2b(f"{self.seed}\0{traj.sample.id}".encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+        return int(gold) + self.offsets[h % len(self.offsets)]
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        wrong = self.label(traj)
+        if wrong is None:
+            return RewardResult(None, info={"reason": "unparseable_gold"})
+        text = as_text(traj.completion).strip()
+        ok = _INTEGER.fullmatch(text) is not None and int(text) == wrong
         return RewardResult(float(ok), info={"reason": "control"})

@@ -110,6 +110,9 @@ def _instantiate(cls: Any, name: str, args: dict[str, Any], where: str) -> Rewar
     for k in getattr(cls, "reward_args", ()):
         if k in built:
             built[k] = _build_children(built[k], f"{where}.args.{k}")
+    for k in getattr(cls, "transform_args", ()):  # `chain`'s own `transforms:` argument, built as a block's would be
+        if isinstance(built.get(k), list):
+            built[k] = [_build_transform(t, f"{where}.args.{k}[{i}]") for i, t in enumerate(built[k])]
     try:
         return cls(**built)
     except TypeError as e:

@@ -293,6 +293,8 @@ def validate(v: Any, s: dict, path: str = "$") -> str | None:
 class LengthBounds(Reward):
     """1 when the completion's length is within [min_len, max_len] (unit: chars, words or tokens)."""
 
+    verdict = False  # says nothing about correctness: held-out accuracy is checked by the task's verifier
+
     def __init__(self, min_len: int = 0, max_len: int | None = None, unit: str = "chars"):
         if unit not in ("chars", "words", "tokens"):
             raise ValueError(f"unit must be chars, words or tokens; got {unit!r}")

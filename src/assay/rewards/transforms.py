@@ -205,6 +205,7 @@ class Chain(Reward):
     """`reward`, then each transform in order (skipped for a failed or None result)."""
 
     reward_args = ("reward",)
+    transform_args = ("transforms",)
 
     def __init__(self, reward: Reward, transforms: list[Transform] | tuple[Transform, ...] = ()):
         self.reward, self.transforms = reward, list(transforms)
@@ -449,8 +450,9 @@ class Par(Reward):
     Fu et al., 2025, "Reward Shaping to Mitigate Reward Hacking in RLHF"
     (arXiv:2502.18770), Preference As Reward (PAR): the RL reward should be bounded, rise fast
     then converge, and be a function of the reward centred on a reference. References are
-    the dataset field `reference_field` (a string or a list of strings), scored with the
-    same reward (cached per prompt); or precomputed scores in `reference_score_field`.
+    the dataset field `reference_field` (a string or a list of strings; `answer`: the row's
+    reference answer), scored with the same reward (cached per prompt); or precomputed scores
+    in `reference_score_field`.
     """
 
     reward_args = ("reward",)
@@ -470,7 +472,7 @@ class Par(Reward):
             v = f.get(self.reference_score_field)
             vals = v if isinstance(v, (list, tuple)) else [v]
             return [float(x) for x in vals] if v is not None and all(x is not None for x in vals) else None
-        refs = f.get(self.reference_field)
+        refs = traj.sample.answer if self.reference_field == "answer" else f.get(self.reference_field)
         if refs is None:
             return None
         out = []

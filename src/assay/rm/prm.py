@@ -35,7 +35,7 @@ from assay.errors import AssayError
 from assay.rm.model import pad_right, render_prompt
 from assay.rm.steps import StepRow, completion_pieces
 
-REDUCES = ("min", "mean", "last", "prod")
+REDUCES = ("min", "mean", "last", "prod", "sum")
 
 
 def min_form_returns(scores: list[float]) -> list[float]:
@@ -52,13 +52,17 @@ def min_form_returns(scores: list[float]) -> list[float]:
 
 
 def reduce_steps(scores: list[float], how: str = "min") -> float:
-    """One score for a solution from its step scores `[S]`: `min` (= V_1 of `min_form_returns`), `mean`, `last` or `prod`.
+    """One score for a solution from its step scores `[S]`: `min` (= V_1 of `min_form_returns`), `mean`, `last`, `prod` or `sum`.
 
     `min` is the min-form credit of "Stop Summation: Min-Form Credit Assignment Is All Process Reward Model Needs for
     Reasoning" (arXiv 2504.15275); `prod` the solution score of "Let's Verify Step by Step" (arXiv 2305.20050).
 
+    `sum` pays per step, so more (and repeated) steps pay more: the form process rewards are hacked through
+    (Gao et al., "On Designing Effective RL Reward at Training Time for LLM Reasoning", arXiv:2410.15115); it is here
+    to study that (`assay lab prm-hacking`), not to train with.
+
     >>> [reduce_steps([0.9, 0.5, 0.8], h) for h in REDUCES]
-    [0.5, 0.7333333333333334, 0.8, 0.36000000000000004]
+    [0.5, 0.7333333333333334, 0.8, 0.36000000000000004, 2.2]
     """
     if not scores:
         raise ValueError("no steps to reduce")
@@ -70,6 +74,8 @@ def reduce_steps(scores: list[float], how: str = "min") -> float:
         return scores[-1]
     if how == "prod":
         return math.prod(scores)
+    if how == "sum":
+        return sum(scores)
     raise AssayError(f"unknown reduce {how!r}; known: {', '.join(REDUCES)}")
 
 

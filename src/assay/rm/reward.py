@@ -110,7 +110,7 @@ class PRMReward(_ModelReward):
 
     Args:
         path: the model folder, or the run folder whose `final/` holds it.
-        reduce: `min`, `mean`, `last` or `prod`.
+        reduce: `min`, `mean`, `last`, `prod` or `sum` (pays per step: hackable, for study).
         split: how completions are cut (`newline`, `chars:N`, a marker, `module:function`);
             default: the split the model's training rows were cut with, else `newline`.
         device, batch_size: where the model runs, and completions per forward.

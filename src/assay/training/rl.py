@@ -50,6 +50,7 @@ from assay.data.selection import DynamicFilter, scored_rewards
 from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
+from assay.training.hacking import HackingAlarm, HackingMonitor, make_canary, repetition
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
 from assay.training.precision import MasterWeights
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows, token_logprobs)
@@ -97,6 +98,7 @@ def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
         **accuracy,
         "rollout/response_length": sum(lengths) / len(lengths),
         "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
+        "rollout/repetition": sum(repetition(t.completion_ids) for t in trajs) / len(trajs),
     }
 
 
@@ -160,6 +162,9 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
         self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
                                   cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
+        self.monitor = HackingMonitor(cfg.monitor) if cfg.monitor.enabled else None
+        self.canary = make_canary(cfg, self.source.reward)
+        self.alarm_stop: str | None = None  # the alarm that ends the run (`train.on_alarm=stop`)
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
         self._saved_at: int | None = None
@@ -228,6 +233,7 @@ class Trainer:
             **self._position(), "config": self.cfg.model_dump(mode="json"), "extras": {n: e.state_dict() for n, e in self.extras.items()},
             "health": self.health.state_dict(), "master_weights": self.weights.master_state(),
             "async_health": self.async_health.state_dict(), "wall_s": self._wall(),
+            "monitor": self.monitor.state_dict() if self.monitor is not None else None,
         }
 
     def _position(self) -> dict[str, Any]:
@@ -289,10 +295,15 @@ class Trainer:
             self.health.load_state_dict(state["health"])
         if state.get("async_health") is not None:
             self.async_health.load_state_dict(state["async_health"])
+        self._load_monitor(state)
         self.resumed_versions = load_versions(ckpt)
         self._wall_offset = state.get("wall_s", 0.0)
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
+
+    def _load_monitor(self, state: dict[str, Any]) -> None:
+        if self.monitor is not None and state.get("monitor"):  # absent from checkpoints written before the monitors
+            self.monitor.load_state_dict(state["monitor"])
 
     def _snapshot(self) -> dict[str, Any]:
         """What generating a step's rollouts changes (data position, group samplers, RNG), to put back on an interrupt."""
@@ -474,6 +485,8 @@ class Trainer:
         with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack, \
                 StopSignals(notify=bar.note) as signals:
             stack.callback(self.executor.close)
+            if self.canary is not None:
+                stack.callback(self.canary.close)
             self.trackers = Trackers(cfg.train.report_to if self.ranks.main else [], self.run_dir, cfg.model_dump(mode="json"), self._saved_at)
             stack.callback(self.trackers.close)
             self._wall_t0 = time.perf_counter()
@@ -484,7 +497,7 @@ class Trainer:
             try:
                 if self.step == 0 and self.evaluated_at is None:
                     with signals.critical():
-                        self._log(self.evaluate(), last, bar)
+                        self._log(self._watch(self.evaluate(), [], [], bar), last, bar)
                     self._raise_pending(signals)
                 while self.step < cfg.train.steps:
                     rollout = self._next_rollout(signals)
@@ -493,15 +506,18 @@ class Trainer:
                     self._raise_pending(signals)
                     if self.health.stop:
                         raise RunCannotLearn(self.health.stop)
+                    if self.alarm_stop:
+                        raise HackingAlarm(f"{self.alarm_stop} (train.on_alarm=stop; the run is in {self.run_dir}, "
+                                           f"a checkpoint of step {self.step} saved)")
                 with signals.critical():
                     summary = self._wrap_up(last, bar)
                 self._raise_pending(signals)  # a signal during the last step's wrap-up: the run is complete anyway
-            except (KeyboardInterrupt, Preempted, RunCannotLearn) as e:
+            except (KeyboardInterrupt, Preempted, RunCannotLearn, HackingAlarm) as e:
                 if self.async_ is not None:
                     self.async_.close()  # after the batch it is making; the checkpoint has the position before the next one
                 if not signals.torn and self._saved_at != self.step:
                     self.save()
-                if isinstance(e, RunCannotLearn) and self.ranks.main:  # the report shows why, with the samples
+                if isinstance(e, (RunCannotLearn, HackingAlarm)) and self.ranks.main:  # the report shows why, with the samples
                     write_report(self.run_dir, cfg.model_dump(mode="json"), {**self.summary(), "stopped": str(e)})
                 raise
             finally:
@@ -534,7 +550,7 @@ class Trainer:
     def _wrap_up(self, last: dict[str, float], bar) -> dict[str, Any]:
         """The last evaluation and checkpoint, the report, its plots to the trackers, and `final/` with its model card."""
         if self.evaluated_at != self.step:
-            self._log(self.evaluate(), last, bar)
+            self._log(self._watch(self.evaluate(), [], [], bar), last, bar)
         if self._saved_at != self.step:
             self.save()
         config, summary = self.cfg.model_dump(mode="json"), self.summary()
@@ -565,9 +581,26 @@ class Trainer:
                 bar.note(f"step {self.step}: {rows[0].get('prompt_text', rows[0]['prompt'])!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             metrics.update(self.evaluate())
+        self._watch(metrics, trajs, results, bar)
         self._log(metrics, last, bar, evaluated="eval/mean_length" in metrics)
         if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
             self.save()
+
+    def _watch(self, metrics: dict[str, Any], trajs: list, results: list, bar) -> dict[str, Any]:
+        """The canary's figures and the hacking monitors' signals and alarms, added to this step's `metrics` (returned)."""
+        if self.canary is not None:
+            metrics.update(self.canary.check(self.step, trajs, results))
+        if self.monitor is None:
+            return metrics
+        signals, alarms = self.monitor.check(self.step, metrics)
+        metrics.update(signals)
+        if alarms:
+            metrics["alarm"] = "; ".join(alarms)
+            metrics.update({f"alarm/{line.split(':', 1)[0]}": 1.0 for line in alarms})
+            bar.note(f"assay: alarm: step {self.step}: {metrics['alarm']}")
+            if self.cfg.train.on_alarm == "stop":
+                self.alarm_stop = f"step {self.step}: {metrics['alarm']}"
+        return metrics
 
     def _log(self, metrics: dict[str, float], last: dict[str, float], bar, evaluated: bool = True) -> None:
         if evaluated:

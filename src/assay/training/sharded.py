@@ -268,6 +268,7 @@ class ShardedTrainer(Trainer):
             extra.load(weights, saved.get(name))
         if state.get("health") is not None:
             self.health.load_state_dict(state["health"])
+        self._load_monitor(state)
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
 
@@ -279,7 +280,7 @@ class ShardedTrainer(Trainer):
         from assay.training.checkpoint import save_checkpoint
 
         if self.evaluated_at != self.step:
-            self._log(self.evaluate(), last, bar)
+            self._log(self._watch(self.evaluate(), [], [], bar), last, bar)
         if self._saved_at != self.step:
             self.save()
         weights, _ = full_state(self.model, trainable_only=self.adapter is not None)  # every rank takes part; rank 0 holds it whole

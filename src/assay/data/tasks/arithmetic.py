@@ -112,3 +112,51 @@ class ArithmeticStepsReward(Reward):
     def score(self, traj: Trajectory) -> RewardResult:
         lines = [ln.strip() for ln in traj.completion.splitlines() if ln.strip()]
         return ArithmeticReward.check(lines[-1].rpartition("=")[2].strip() if lines else "", traj.sample.answer)
+
+
+_EQUATION = re.compile(r"\s*(-?\d{1,30})\s*([+\-*])\s*(-?\d{1,30})\s*=\s*(-?\d{1,30})\s*")
+
+
+@REWARDS.register("arithmetic_step_check")
+class ArithmeticStepCheck(Reward):
+    """A process reward that pays per correct-looking step: each non-blank line scores 1 when it is an equation
+    `a op b = c` that holds, else 0; the score is the steps' `reduce` (`sum` by default).
+
+    It checks each line on its own, not that the line continues the solution, so with `reduce: sum` a policy earns
+    more by writing more (or the same) true equations: the gameable process reward of `assay lab prm-hacking`. The
+    fixes the lab compares are transforms on its steps (`step_clip`, `step_delta`, `step_cap`), `reduce: min` (the
+    min-form credit of Cheng et al., "Stop Summation: Min-Form Credit Assignment Is All Process Reward Model Needs for
+    Reasoning", arXiv:2504.15275) and gating on the outcome verifier (`gate`).
+
+    Args:
+        reduce: `sum`, `min`, `mean`, `last` or `prod` of the step scores.
+    """
+
+    verdict = False  # a sum of step scores says nothing about whether the answer is right
+
+    def __init__(self, reduce: str = "sum"):
+        from assay.rm.prm import REDUCES
+
+        if reduce not in REDUCES:
+            raise ValueError(f"reduce {reduce!r}: use one of {', '.join(REDUCES)}")
+        self.reduce = reduce
+
+    def score(self, traj: Trajectory) -> RewardResult:
+        from assay.rm.prm import reduce_steps
+
+        steps, spans, at = [], [], 0
+        for line in traj.completion.split("\n"):
+            if line.strip():
+                m = _EQUATION.fullmatch(line)
+                ok = m is not None and _holds(int(m[1]), m[2], int(m[3]), int(m[4]))
+                steps.append(float(ok))
+                spans.append((at, at + len(line)))
+            at += len(line) + 1
+        if not steps:
+            return RewardResult(0.0, info={"reason": "no_steps"})
+        return RewardResult(reduce_steps(steps, self.reduce), steps=steps, spans=spans,
+                            info={"reason": "all_steps_hold" if all(steps) else "a_step_fails"})
+
+
+def _holds(a: int, op: str, b: int, c: int) -> bool:
+    return (a + b if op == "+" else a - b if op == "-" else a * b) == c

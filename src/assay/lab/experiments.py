@@ -1,0 +1,232 @@
+"""The lab's experiments: arms (reward blocks and settings), the figures they are judged by, and their claims."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One `assay train` run of an experiment: `name` (its folder), what it is (`label`), its config overrides."""
+
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A statement the experiment makes, whether the figures bore it out, and the figures that decided it."""
+
+    text: str
+    seen: bool
+    figures: str
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """`arms` trained with `base` overrides (plus the lab's seed, steps and output folder); `claims` reads the arms'
+    summaries (`assay.lab.run.summarise`); `panels` are the metric keys plotted beside held-out accuracy."""
+
+    name: str
+    title: str
+    question: str
+    base: tuple[str, ...]
+    arms: tuple[Arm, ...]
+    steps: int
+    claims: Callable[[dict[str, dict[str, Any]]], list[Claim]]
+    panels: tuple[tuple[str, str], ...] = (("rollout/response_length", "completion length (tokens)"), ("reward/mean", "training reward"))
+    prepare: Callable[..., dict[str, str]] | None = field(default=None)
+    """Runs first (`prepare(folder, seed, log)`); what it returns replaces `${key}` in the arms' overrides."""
+
+
+def _pts(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+# -- spurious rewards ---------------------------------------------------------------------------------------------
+
+_INTEGER = "{name: format_only, args: {pattern: '-?[0-9]+'}}"
+_NO_CLIP = ("algo.clip_low=1000000", "algo.clip_high=1000000")
+_SPURIOUS_REWARDS = (
+    ("truth", "ground truth: the exact-answer verifier", "arithmetic"),
+    ("random", "random: 1 with probability ½, whatever the answer", "{name: random, args: {p: 0.5}}"),
+    ("format", "format only: 1 for any integer", _INTEGER),
+    ("wrong", "incorrect label: 1 for the answer shifted by a per-problem offset", "incorrect_label"),
+)
+
+
+def _spurious_claims(s: dict[str, dict[str, Any]]) -> list[Claim]:
+    gain = {k: v["accuracy_gain"] for k, v in s.items()}
+    out = [Claim("Training on the ground-truth verifier raises held-out accuracy.", gain["truth"] is not None and gain["truth"] >= 0.05,
+                 f"truth {_pts(gain['truth'])} with clipping, {_pts(gain.get('truth-noclip'))} without")]
+    for name, what in (("random", "a random reward"), ("format", "a format-only reward"), ("wrong", "an incorrect-label reward")):
+        worse = [gain[a] is not None and gain["truth"] is not None and gain[a] < gain["truth"] - 0.02 for a in (name, f"{name}-noclip")]
+        out.append(Claim(f"Training on {what} gains less held-out accuracy than the ground truth, with ratio clipping and without.",
+                         all(worse), f"{name} {_pts(gain[name])} (clip) / {_pts(gain[f'{name}-noclip'])} (no clip); "
+                                     f"truth {_pts(gain['truth'])} / {_pts(gain['truth-noclip'])}"))
+    delta = gain["random"] - gain["random-noclip"] if gain["random"] is not None and gain["random-noclip"] is not None else None
+    out.append(Claim("Ratio clipping gives a random reward a positive held-out gain that it does not have without clipping (the "
+                     "clipping-bias explanation of spurious-reward gains, Shao et al. 2025).",
+                     delta is not None and gain["random"] > 0.02 and delta > 0.02,
+                     f"random with clipping {_pts(gain['random'])}, without {_pts(gain['random-noclip'])}"))
+    return out
+
+
+SPURIOUS = Experiment(
+    name="spurious",
+    title="Spurious rewards: does the signal matter?",
+    question=("Shao et al. (2025, \"Spurious Rewards: Rethinking Training Signals in RLVR\", arXiv:2506.10947) report that "
+              "random, format-only and incorrect-label rewards raise some models' accuracy almost as much as the ground truth, "
+              "and attribute the random reward's gain to PPO's ratio clipping. Here: the same model and budget trained on each "
+              "reward, with ratio clipping (ε = 0.2) and without, four optimizer steps per batch so that clipping can act. The "
+              "model is `tiny-sum3` on three-term sums, the task with headroom."),
+    base=("model.path=tiny-sum3", "data.task=arithmetic", "data.task_args={terms: 3, max_value: 99, ops: '+'}", "algo.minibatches=4",
+          "train.eval_every=10", "train.eval_n=300"),
+    arms=tuple(Arm(name + suffix, label + note, (f"reward={spec}", *extra))
+               for name, label, spec in _SPURIOUS_REWARDS
+               for suffix, note, extra in (("", "", ()), ("-noclip", " (no ratio clipping)", _NO_CLIP))),
+    steps=150,
+    claims=_spurious_claims,
+    panels=(("reward/mean", "training reward"), ("actor/entropy", "entropy (nats/token)")),
+)
+
+
+# -- a process reward that pays per step ------------------------------------------------------------------------
+
+_STEP_CHECK = "{name: arithmetic_step_check, args: {reduce: %s}}"
+_PRM_ARMS = (
+    Arm("sum", "the hackable process reward: Σ over lines of 1[the line's equation holds]", (f"reward={_STEP_CHECK % 'sum'}",)),
+    Arm("clip", "fix: Clipping, r'_t = min(r_t − 1, 0) (Gao et al. 2024)",
+        (f"reward={{name: chain, args: {{reward: {_STEP_CHECK % 'sum'}, transforms: [{{name: step_clip, args: {{eta: 1.0}}}}]}}}}",)),
+    Arm("delta", "fix: Delta, r'_t = r_t − r_{t+1} (Gao et al. 2024)",
+        (f"reward={{name: chain, args: {{reward: {_STEP_CHECK % 'sum'}, transforms: [step_delta]}}}}",)),
+    Arm("gated", "fix: success-gating, the process reward paid only when the verified answer is right",
+        (f"reward={{name: gate, args: {{outcome: arithmetic_steps, process: {_STEP_CHECK % 'sum'}, weight: 0.25}}}}",)),
+    Arm("min", "fix: min-form credit, a solution worth its weakest step (Cheng et al. 2025)", (f"reward={_STEP_CHECK % 'min'}",)),
+)
+
+
+def _prm_claims(s: dict[str, dict[str, Any]]) -> list[Claim]:
+    hack = s["sum"]
+    grew = hack["length_growth"] is not None and (hack["length_growth"] >= 0.3 or (hack["repetition_rise"] or 0) >= 0.1)
+    out = [Claim("Without a fix, completions grow longer and more repetitive.", grew,
+                 f"length {_pts(hack['length_start'])} → {_pts(hack['length_end'])} tokens, repeated 4-grams "
+                 f"{_pts(hack['repetition_start'])} → {_pts(hack['repetition_end'])}"),
+           Claim("Without a fix, verified accuracy stalls or falls while the process reward rises.",
+                 hack["accuracy_gain"] is not None and hack["accuracy_gain"] <= 0.02 and (hack["reward_gain"] or 0) > 0,
+                 f"held-out accuracy {_pts(hack['accuracy_start'])} → {_pts(hack['accuracy_end'])}, training reward "
+                 f"{_pts(hack['reward_start'])} → {_pts(hack['reward_end'])}")]
+    for name in ("clip", "delta", "gated", "min"):
+        a = s[name]
+        kept = a["length_growth"] is not None and abs(a["length_growth"]) < 0.15 and (a["repetition_rise"] or 0) < 0.05
+        held = a["accuracy_end"] is not None and a["accuracy_start"] is not None and a["accuracy_end"] >= a["accuracy_start"] - 0.15
+        out.append(Claim(f"With {name}, length and repetition stay near the start and held-out accuracy holds (within 15 points).",
+                         kept and held, f"length {_pts(a['length_start'])} → {_pts(a['length_end'])}, repeated 4-grams "
+                                        f"{_pts(a['repetition_start'])} → {_pts(a['repetition_end'])}; held-out accuracy "
+                                        f"{_pts(a['accuracy_start'])} → {_pts(a['accuracy_end'])}"))
+    out.append(_early_alarm(hack))
+    return out
+
+
+def _early_alarm(hack: dict[str, Any]) -> Claim:
+    text = "A hacking monitor fires before verified (held-out) accuracy has fallen by 5 points."
+    first = hack["first_alarm"]
+    if first is None:
+        return Claim(text, False, "no monitor fired")
+    drop = hack["accuracy_drop_at_alarm"]
+    return Claim(text, drop is not None and drop < 0.05,
+                 f"`{first[0]}` at step {first[1]}; held-out accuracy had fallen {_pts(drop)} from its best by then "
+                 f"(the canary, on sampled completions: {_pts(hack['canary_drop_at_alarm'])})")
+
+
+PRM_HACKING = Experiment(
+    name="prm-hacking",
+    title="A process reward that pays per step gets farmed",
+    question=("A process reward that scores each step and sums the scores pays for more steps, right or not (Gao et al. 2024, "
+              "\"On Designing Effective RL Reward at Training Time for LLM Reasoning\", arXiv:2410.15115). The bundled "
+              "`tiny-steps` policy solves four-term sums one line per addition; its process reward scores each line 1 when "
+              "its equation holds. The hack: more (and repeated) true lines. The fixes: Clipping and Delta on the step "
+              "rewards, success-gating on the verified answer, and min-form credit."),
+    base=("model.path=tiny-steps", "data.task=arithmetic_steps", "rollout.max_new_tokens=48", "optim.lr=1e-4", "train.eval_every=5",
+          "train.eval_n=200", "rollout.prompts_per_step=8", "monitor.window=5"),
+    arms=_PRM_ARMS,
+    steps=150,
+    claims=_prm_claims,
+    panels=(("rollout/response_length", "completion length (tokens)"), ("rollout/repetition", "repeated 4-grams"),
+            ("canary/mean", "canary: verified accuracy of sampled completions")),
+)
+
+# -- a reward model trained on length-confounded pairs ---------------------------------------------------------
+
+#: pairs whose rejected answer is never longer than the chosen one: a digit dropped, carries forgotten, or off by a little
+CONFOUNDED_MIX = {"shorter": 0.4, "carry": 0.3, "near_miss": 0.3}
+RM_STEPS = 500
+
+
+def _train_rms(folder, seed: int, log) -> dict[str, str]:
+    """Length-confounded pairs from the bundled task, and two reward models on them (the policy's own weights, a score
+    head): plain Bradley–Terry, and with ODIN's length-decorrelation term; their folders, as `${lab.rm}` and
+    `${lab.rm_odin}` in the arms' overrides."""
+    from assay.rm.config import validate
+    from assay.rm.pairs import build_pairs, write_pairs
+    from assay.rm.train import train_rm
+
+    pairs = folder / "pairs.jsonl"
+    write_pairs(pairs, build_pairs("arithmetic", split="train", n=4000, seed=seed, mix=CONFOUNDED_MIX))
+    out = {}
+    for name, coef in (("reward-model", 0.0), ("reward-model-odin", 1.0)):  # not an arm's name: each arm's folder is replaced
+        log(f"lab length-hacking: training the reward model {name} on {pairs.name} (length_coef={coef})")
+        shutil.rmtree(folder / name, ignore_errors=True)  # a rerun trains it again
+        cfg = validate({"model": "tiny-arith", "seed": seed, "output_dir": str(folder), "run_name": name, "data": {"path": str(pairs)},
+                        "loss": {"length_coef": coef}, "train": {"steps": RM_STEPS, "eval_every": RM_STEPS, "save_every": 0}})
+        out[name] = train_rm(cfg).run_dir
+    return {"lab.rm": str(out["reward-model"]), "lab.rm_odin": str(out["reward-model-odin"])}
+
+
+def _length_claims(s: dict[str, dict[str, Any]]) -> list[Claim]:
+    hack = s["rm"]
+    fell = hack["accuracy_best"] is not None and hack["accuracy_end"] is not None and hack["accuracy_end"] <= hack["accuracy_best"] - 0.1
+    out = [Claim("Trained on the length-confounded reward model, completions grow longer (by 15% or more).",
+                 (hack["length_growth"] or 0) >= 0.15, f"length {_pts(hack['length_start'])} → {_pts(hack['length_end'])} tokens"),
+           Claim("Trained on it, held-out accuracy rises at first, then falls by 10 points or more from its best while the reward "
+                 "model's score keeps rising.", fell and (hack["reward_gain"] or 0) > 0,
+                 f"held-out accuracy {_pts(hack['accuracy_start'])} → best {_pts(hack['accuracy_best'])} → {_pts(hack['accuracy_end'])}, "
+                 f"training reward {_pts(hack['reward_start'])} → {_pts(hack['reward_end'])}")]
+    for name, what in (("par", "Preference as Reward (centred on the reference answer, bounded)"),
+                       ("odin", "the length-decorrelated reward model (ODIN)")):
+        a = s[name]
+        better = a["accuracy_end"] is not None and hack["accuracy_end"] is not None and a["accuracy_end"] > hack["accuracy_end"] + 0.05
+        out.append(Claim(f"With {what}, held-out accuracy ends higher than under the plain reward model.", better,
+                         f"{name}: length {_pts(a['length_start'])} → {_pts(a['length_end'])}, held-out accuracy "
+                         f"{_pts(a['accuracy_start'])} → best {_pts(a['accuracy_best'])} → {_pts(a['accuracy_end'])}; plain ends at "
+                         f"{_pts(hack['accuracy_end'])}"))
+    out.append(_early_alarm(hack))
+    return out
+
+
+LENGTH_HACKING = Experiment(
+    name="length-hacking",
+    title="A reward model that learned length gets farmed",
+    question=("A reward model trained on pairs where the preferred (right) answer is never the shorter one (the rejected one "
+              "drops a digit, forgets its carries, or is off by a little) learns, besides correctness, that longer is better (Singhal et al. 2023, \"A Long Way to Go: Investigating Length Correlations "
+              "in RLHF\", arXiv:2310.03716). RL against it writes longer answers. The fixes: Preference as Reward, a bounded "
+              "reward centred on a reference (Fu et al. 2025, \"Reward Shaping to Mitigate Reward Hacking in RLHF\", "
+              "arXiv:2502.18770; here the reference is the problem's reference answer), and a reward model trained with "
+              "ODIN's length-decorrelation term (Chen et al. 2024, \"ODIN: Disentangled Reward Mitigates Hacking in RLHF\", "
+              "arXiv:2402.07319). Both reward models are trained first, on the same pairs."),
+    base=("model.path=tiny-arith", "data.task=arithmetic", "rollout.max_new_tokens=8", "train.eval_every=5", "train.eval_n=300",
+          "monitor.window=5"),
+    arms=(Arm("rm", "the reward model trained on length-confounded pairs", ("reward={name: rm, args: {path: ${lab.rm}}}",)),
+          Arm("par", "fix: Preference as Reward around that reward model, centred on the reference answer",
+              ("reward={name: par, args: {reward: {name: rm, args: {path: ${lab.rm}}}, reference_field: answer}}",)),
+          Arm("odin", "fix: the reward model trained with ODIN's length-decorrelation term (length_coef=1)",
+              ("reward={name: rm, args: {path: ${lab.rm_odin}}}",))),
+    steps=150,
+    claims=_length_claims,
+    prepare=_train_rms,
+)
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (SPURIOUS, PRM_HACKING, LENGTH_HACKING)}

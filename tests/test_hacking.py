@@ -1,0 +1,168 @@
+"""Hacking monitors and the canary: they fire on a real hack, once, early; stay quiet on honest series; survive a resume."""
+
+import doctest
+import json
+import subprocess
+import sys
+
+import pytest
+
+from assay.config import MonitorConfig, load_config
+from assay.report.metrics import read_metrics
+from assay.training import hacking
+from assay.training.hacking import HackingAlarm, HackingMonitor
+from assay.training.rl import Trainer
+
+
+def test_doctests():
+    assert doctest.testmod(hacking).failed == 0
+
+
+def feed(monitor, rows, start=1):
+    fired = []
+    for step, row in enumerate(rows, start):
+        _, alarms = monitor.check(step, row)
+        fired += [(step, a.split(":", 1)[0]) for a in alarms]
+    return fired
+
+
+def honest(n):
+    """Reward rising, length flat, entropy decaying ever more slowly: what a run that learns looks like."""
+    return [{"reward/mean": min(1.0, 0.3 + 0.02 * i), "reward/length_corr": 0.4, "rollout/response_length": 3.2 + 0.01 * (i % 3),
+             "rollout/repetition": 0.0, "actor/entropy": 0.2 + 0.5 * 0.9**i, "actor/kl": 0.05 * (1 - 0.9**i),
+             "reward/zero_var_group_frac": min(1.0, 0.02 * i), "reward/unsolved_group_frac": max(0.0, 0.5 - 0.02 * i),
+             "eval/accuracy": min(1.0, 0.3 + 0.02 * i) if i % 10 == 0 else None}
+            for i in range(n)]
+
+
+def test_an_honest_run_raises_no_alarm():
+    assert feed(HackingMonitor(MonitorConfig()), honest(200)) == []
+
+
+def test_length_growth_with_a_reward_that_pays_for_it_fires_once():
+    rows = honest(60)
+    for i, r in enumerate(rows):
+        r["rollout/response_length"] = 3.0 if i < 20 else 3.0 + 0.15 * (i - 20)
+        r["reward/length_corr"] = 0.8
+    fired = feed(HackingMonitor(MonitorConfig()), rows)
+    assert [name for _, name in fired] == ["length"]
+    step = fired[0][0]  # the last window's mean first reaches +30% (and one token) over the first window's 3.0
+    assert 3.0 + 0.15 * (step - 1 - 20 - 4.5) >= 3.9 and step <= 40
+
+
+def test_the_same_growth_with_an_uncorrelated_reward_is_not_an_alarm():
+    rows = honest(60)
+    for i, r in enumerate(rows):
+        r["rollout/response_length"] = 3.0 + 0.15 * max(0, i - 20)
+        r["reward/length_corr"] = 0.05
+    assert feed(HackingMonitor(MonitorConfig()), rows) == []
+
+
+def test_entropy_that_collapses_faster_and_faster_fires():
+    rows = honest(60)
+    for i, r in enumerate(rows):
+        r["actor/entropy"] = 1.0 if i < 30 else max(0.0, 1.0 - 0.05 * (i - 30))
+    assert [name for _, name in feed(HackingMonitor(MonitorConfig()), rows)] == ["entropy"]
+
+
+def test_a_saturated_reward_fires_only_while_the_verified_accuracy_is_low():
+    def run(accuracy):
+        rows = [{"reward/zero_var_group_frac": 0.2 if i < 10 else 0.95, "reward/unsolved_group_frac": 0.0,
+                 "eval/accuracy": accuracy if i % 10 == 0 else None} for i in range(40)]
+        return feed(HackingMonitor(MonitorConfig()), rows)
+
+    assert run(0.2) == [(20, "saturation")]
+    assert run(0.95) == []  # every group right: learned, not hacked
+
+
+def test_heldout_accuracy_falling_while_the_reward_rises_fires_divergence():
+    rows = [{"reward/mean": 0.3 + 0.01 * i + 0.02 * (i % 2), "eval/accuracy": (0.6 if i <= 20 else 0.6 - 0.004 * (i - 20)) if i % 5 == 0 else None}
+            for i in range(60)]
+    fired = feed(HackingMonitor(MonitorConfig()), rows, start=0)
+    assert fired == [(40, "divergence")]  # the second evaluation in a row 5 points below the best (0.54, 0.52 after 0.6)
+
+
+def test_kl_that_accelerates_fires_and_steady_kl_growth_does_not():
+    steady = [{"actor/kl": 0.01 * i} for i in range(60)]
+    assert feed(HackingMonitor(MonitorConfig()), steady) == []
+    bursting = [{"actor/kl": 0.01 * i if i < 30 else 0.3 + 0.05 * (i - 30)} for i in range(60)]
+    assert [name for _, name in feed(HackingMonitor(MonitorConfig()), bursting)] == ["kl"]
+
+
+def test_canary_falling_while_the_reward_rises_fires_and_names_both():
+    rows = [{"reward/mean": 0.5 + 0.01 * i, "canary/mean": 0.6 - 0.01 * i + 0.02 * (i % 2), "canary/reward_mean": 0.5 + 0.01 * i,
+             "canary/corr": 0.3} for i in range(30)]
+    m = HackingMonitor(MonitorConfig())
+    fired = feed(m, rows)
+    assert fired == [(20, "canary")]
+    _, alarms = m.check(31, rows[-1])
+    assert alarms == []  # once per run
+
+
+def test_a_reward_that_stops_agreeing_with_the_canary_fires():
+    rows = [{"canary/mean": 0.5, "canary/reward_mean": 0.5, "canary/corr": 0.5 if i < 10 else -0.2} for i in range(20)]
+    assert feed(HackingMonitor(MonitorConfig()), rows) == [(20, "canary")]
+
+
+def test_state_round_trips_so_a_resumed_run_fires_at_the_same_step():
+    rows = honest(60)
+    for i, r in enumerate(rows):
+        r["rollout/response_length"] = 3.0 if i < 20 else 3.0 + 0.15 * (i - 20)
+        r["reward/length_corr"] = 0.8
+    whole = feed(HackingMonitor(MonitorConfig()), rows)
+    first = HackingMonitor(MonitorConfig())
+    assert feed(first, rows[:25]) == []
+    state = json.loads(json.dumps(first.state_dict()))
+    second = HackingMonitor(MonitorConfig())
+    second.load_state_dict(state)
+    assert feed(second, rows[25:], start=26) == whole
+
+
+def hack_args(tmp_path):
+    """The bundled model trained on a reward that pays for length (tests/_reward_helpers.py): a real, fast hack."""
+    return [f"output_dir={tmp_path}", "reward=_reward_helpers:PaysForLength", "optim.lr=2e-4", "train.steps=40", "train.eval_every=10",
+            "train.eval_n=100", "train.save_every=0", "reward_workers=0", "train.threads=1"]
+
+
+def hack_cfg(tmp_path, name, *extra):
+    return load_config(None, [*hack_args(tmp_path), f"run_name={name}", *extra])
+
+
+def test_a_real_length_hack_is_caught_by_the_canary_and_stop_ends_the_run(tmp_path):
+    with pytest.raises(HackingAlarm) as e:
+        Trainer(hack_cfg(tmp_path, "hack", "train.on_alarm=stop")).fit(progress=False)
+    assert "canary" in str(e.value) and "train.on_alarm=stop" in str(e.value)
+    d = tmp_path / "hack"
+    rows = read_metrics(d / "metrics.jsonl")
+    alarmed = [r for r in rows if "alarm" in r]
+    assert len(alarmed) == 1 and alarmed[0]["alarm/canary"] == 1.0
+    step = alarmed[0]["step"]
+    assert rows[-1]["step"] == step  # stopped at the step it fired, with a checkpoint of it
+    assert (d / "checkpoints" / f"step_{step:06d}").is_dir()
+    canary = [r["canary/mean"] for r in rows if "canary/mean" in r]
+    assert canary[-1] < canary[0]  # the task's verifier, re-scoring the same completions, saw accuracy fall
+    assert "Hacking alarms" in (d / "report.html").read_text()
+
+
+def test_the_command_exits_3_on_a_stopping_alarm_and_warns_by_default(tmp_path):
+    args = hack_args(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "assay", "train", "--no-progress", *args, "run_name=cli", "train.on_alarm=stop"],
+                       capture_output=True, text=True, timeout=300, env=_env())
+    assert p.returncode == 3 and "assay: stopped by a hacking alarm: step" in p.stderr, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "assay", "train", "--no-progress", *args, "run_name=warn"],
+                       capture_output=True, text=True, timeout=300, env=_env())
+    assert p.returncode == 0 and "assay: alarm: step" in p.stderr, p.stderr[-2000:]
+    assert read_metrics(tmp_path / "warn" / "metrics.jsonl")[-1]["step"] == 40  # warned and trained on
+
+
+def _env():
+    import os
+    from pathlib import Path
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_monitors_off_leave_no_keys(tmp_path):
+    d = Trainer(hack_cfg(tmp_path, "disabled", "monitor.enabled=false", "train.steps=3")).fit(progress=False).run_dir
+    keys = {k for r in read_metrics(d / "metrics.jsonl") for k in r}
+    assert not any(k.startswith(("monitor/", "canary/", "alarm")) for k in keys)
