@@ -40,7 +40,7 @@ def test_two_step_run_writes_everything(tiny_model_dir, tmp_path):
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     rows = steps_of(d)
     assert sorted(rows) == [1, 2]
-    keys = {"reward/mean", "reward/std", "train/accuracy", "actor/kl", "actor/entropy", "actor/clip_frac", "rollout/response_length",
+    keys = {"reward/mean", "reward/std", "canary/mean", "actor/kl", "actor/entropy", "actor/clip_frac", "rollout/response_length",
             "reward/zero_var_group_frac", "reward/failures", "reward/none", "reward/length_corr"}
     assert keys <= rows[2].keys()
     all_rows = read_metrics(d / "metrics.jsonl")

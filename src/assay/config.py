@@ -405,7 +405,7 @@ class MonitorConfig(Section):
     """... and KL rose by at least this share of its level in one window (`kl`, only when `algo.kl_coef > 0`) ..."""
     entropy_drop: float = Field(0.25, gt=0.0, le=1.0)
     """... or entropy fell by at least this share of its level in one window ..."""
-    entropy_floor: float = Field(0.05, ge=0.0)
+    entropy_floor: float = Field(0.1, ge=0.0)
     """... and by at least this many nats (an entropy already near 0 wobbles by large shares)."""
     saturation: float = Field(0.9, gt=0.0, le=1.0)
     """`saturation` fires when at least this share of groups score all alike over the last window (the reward no longer

@@ -119,7 +119,7 @@ class PRMReward(_ModelReward):
     preload = ("assay.rm.prm",)
 
     def __init__(self, path: str, reduce: str = "min", split: str | None = None, device: str = "cpu", batch_size: int = 64):
-        from assay.rm.prm import REDUCES
+        from assay.rewards.steps import REDUCES
         from assay.rm.steps import check_split
 
         super().__init__(path, batch_size, "assay rm train kind=prm")

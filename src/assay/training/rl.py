@@ -549,8 +549,8 @@ class Trainer:
 
     def _wrap_up(self, last: dict[str, float], bar) -> dict[str, Any]:
         """The last evaluation and checkpoint, the report, its plots to the trackers, and `final/` with its model card."""
-        if self.evaluated_at != self.step:
-            self._log(self._watch(self.evaluate(), [], [], bar), last, bar)
+        if self.evaluated_at != self.step:  # not watched: the run is over, and a run resumed for more steps never saw it
+            self._log(self.evaluate(), last, bar)
         if self._saved_at != self.step:
             self.save()
         config, summary = self.cfg.model_dump(mode="json"), self.summary()

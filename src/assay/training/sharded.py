@@ -279,8 +279,8 @@ class ShardedTrainer(Trainer):
         from assay.report.run_report import PLOTS, write_report
         from assay.training.checkpoint import save_checkpoint
 
-        if self.evaluated_at != self.step:
-            self._log(self._watch(self.evaluate(), [], [], bar), last, bar)
+        if self.evaluated_at != self.step:  # not watched: the run is over, and a run resumed for more steps never saw it
+            self._log(self.evaluate(), last, bar)
         if self._saved_at != self.step:
             self.save()
         weights, _ = full_state(self.model, trainable_only=self.adapter is not None)  # every rank takes part; rank 0 holds it whole

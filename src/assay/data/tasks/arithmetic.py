@@ -135,14 +135,14 @@ class ArithmeticStepCheck(Reward):
     verdict = False  # a sum of step scores says nothing about whether the answer is right
 
     def __init__(self, reduce: str = "sum"):
-        from assay.rm.prm import REDUCES
+        from assay.rewards.steps import REDUCES
 
         if reduce not in REDUCES:
             raise ValueError(f"reduce {reduce!r}: use one of {', '.join(REDUCES)}")
         self.reduce = reduce
 
     def score(self, traj: Trajectory) -> RewardResult:
-        from assay.rm.prm import reduce_steps
+        from assay.rewards.steps import reduce_steps
 
         steps, spans, at = [], [], 0
         for line in traj.completion.split("\n"):
