@@ -88,3 +88,14 @@ def test_spurious_rewards_gain_less_than_the_ground_truth(tmp_path):
     assert s["truth"]["accuracy_gain"] > 0.3  # tiny-sum3 has headroom: 0.13 → above 0.43 in 40 steps
     assert s["random"]["accuracy_gain"] < s["truth"]["accuracy_gain"] - 0.2
     assert s["random"]["canary_start"] is not None  # the task's verifier watched the random-reward run
+
+
+@pytest.mark.slow
+def test_length_hacking_trains_its_reward_models_and_the_hack_is_flagged(tmp_path):
+    """The first stage trains two real reward models; RL against the plain one overshoots: held-out accuracy rises, then
+    falls by 10 points or more from its best while the reward model's score climbs, and a monitor says so."""
+    page = run_lab("length-hacking", tmp_path, progress=False, arms=("rm",), log=lambda s: None)
+    s = json.loads((page.parent / "summary.json").read_text())["arms"]["rm"]
+    assert (page.parent / "reward-model" / "final").is_dir() and (page.parent / "reward-model-odin" / "final").is_dir()
+    assert s["accuracy_best"] > s["accuracy_start"] + 0.2 and s["accuracy_end"] < s["accuracy_best"] - 0.1
+    assert s["reward_gain"] > 0 and {m for m, _ in s["alarms"]} & {"canary", "divergence"}
