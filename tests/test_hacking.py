@@ -166,3 +166,21 @@ def test_monitors_off_leave_no_keys(tmp_path):
     d = Trainer(hack_cfg(tmp_path, "disabled", "monitor.enabled=false", "train.steps=3")).fit(progress=False).run_dir
     keys = {k for r in read_metrics(d / "metrics.jsonl") for k in r}
     assert not any(k.startswith(("monitor/", "canary/", "alarm")) for k in keys)
+
+
+def test_a_bad_canary_is_one_line_naming_the_setting_and_leaves_no_run_folder(tmp_path):
+    from assay.errors import AssayError
+
+    with pytest.raises(AssayError, match=r"^monitor\.canary\.name: unknown reward 'nope'"):
+        Trainer(hack_cfg(tmp_path, "bad", "monitor.canary=nope"))
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_given_canary_scores_a_run_that_trains_on_its_own_verifier(tmp_path):
+    """`auto` adds no canary to a run on the task's verifier; naming one adds it (here the same verifier: it agrees)."""
+    base = [f"output_dir={tmp_path}", "train.steps=2", "train.eval_n=8", "train.save_every=0", "reward_workers=0", "train.threads=1"]
+    plain = Trainer(load_config(None, [*base, "run_name=plain"])).fit(progress=False).run_dir
+    assert not any(k.startswith("canary/") for r in read_metrics(plain / "metrics.jsonl") for k in r)
+    given = Trainer(load_config(None, [*base, "run_name=given", "monitor.canary=arithmetic", "monitor.canary_n=8"])).fit(progress=False).run_dir
+    rows = [r for r in read_metrics(given / "metrics.jsonl") if "canary/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["canary/n"] == 8 and r["canary/mean"] == r["canary/reward_mean"] for r in rows)

@@ -46,10 +46,11 @@ def load_builtins() -> None:
                 raise
 
 
-def build_reward(spec: str | dict[str, Any] | Reward) -> Reward:
-    """A `Reward` from a registered name, a `module:attr` path, a YAML file path, an inline YAML block or a block dict."""
+def build_reward(spec: str | dict[str, Any] | Reward, where: str = "reward") -> Reward:
+    """A `Reward` from a registered name, a `module:attr` path, a YAML file path, an inline YAML block or a block dict;
+    `where` names the setting in error messages (`monitor.canary`)."""
     load_builtins()
-    return _build(spec, "reward")
+    return _build(spec, where)
 
 
 def _build(spec: Any, where: str) -> Reward:

@@ -329,4 +329,4 @@ def make_canary(cfg, task_reward: str | None):
         spec = task_reward
     from assay.rewards.spec import build_reward
 
-    return Canary(build_reward(spec), cfg.monitor.canary_every, cfg.monitor.canary_n, cfg.seed, cfg.reward_timeout)
+    return Canary(build_reward(spec, "monitor.canary"), cfg.monitor.canary_every, cfg.monitor.canary_n, cfg.seed, cfg.reward_timeout)

@@ -129,6 +129,7 @@ class Trainer:
         self.adv_args = estimator_args(cfg.algo)
         self.extras = build_extras(self, requirements(cfg.algo.advantage), cfg.algo.advantage)  # the critic too, when `values` is needed
         self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
+        self.canary = make_canary(cfg, self.source.reward)  # before the run folder: a bad block leaves nothing behind
         if resume and run_dir is None:
             raise AssayError("--resume needs the run folder to continue")
         self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
@@ -163,7 +164,6 @@ class Trainer:
         self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
                                   cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
         self.monitor = HackingMonitor(cfg.monitor) if cfg.monitor.enabled else None
-        self.canary = make_canary(cfg, self.source.reward)
         self.alarm_stop: str | None = None  # the alarm that ends the run (`train.on_alarm=stop`)
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
