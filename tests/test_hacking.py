@@ -100,8 +100,9 @@ def test_canary_falling_while_the_reward_rises_fires_and_names_both():
 
 
 def test_a_reward_that_stops_agreeing_with_the_canary_fires():
-    rows = [{"canary/mean": 0.5, "canary/reward_mean": 0.5, "canary/corr": 0.5 if i < 10 else -0.2} for i in range(20)]
-    assert feed(HackingMonitor(MonitorConfig()), rows) == [(20, "canary")]
+    rows = [{"canary/mean": 0.5, "canary/reward_mean": 0.5, "canary/corr": 0.5 if i < 10 else 0.5 - 0.1 * (i - 9)} for i in range(20)]
+    # the first 10 checks against the last 5: 0.5 against 0.3 at step 14, 0.2 (a drop of 0.3) at step 15
+    assert feed(HackingMonitor(MonitorConfig()), rows) == [(15, "canary")]
 
 
 def test_state_round_trips_so_a_resumed_run_fires_at_the_same_step():

@@ -426,9 +426,9 @@ class MonitorConfig(Section):
     """Completions re-scored per check."""
     canary_z: float = Field(1.0, gt=0.0)
     """`canary` fires when the training reward rose (z ≥ `z`) while the canary fell by at least this z."""
-    canary_corr_drop: float = Field(0.4, gt=0.0)
-    """... or when the correlation of the training reward with the canary (per step, on the same completions) fell by at
-    least this much from the first window to the last, to 0 or below."""
+    canary_corr_drop: float = Field(0.3, gt=0.0)
+    """... or when the correlation of the training reward with the canary (per check, on the same completions), averaged
+    over the last max(3, window/2) checks, fell at least this much below its average over the first `window` checks."""
 
 
 class EnvConfig(Section):

@@ -233,20 +233,20 @@ class HackingMonitor:
     def _canary(self, signals: dict[str, float]) -> str | None:
         w = self.cfg.window
         canary, reward = self.series["canary/mean"], self.series["canary/reward_mean"]
-        if canary.count < 2 * w or reward.count != canary.count:
-            return None
-        (r0, r1), (c0, c1) = (reward.first, reward.tail(w)), (canary.first, canary.tail(w))
-        z_r, z_c = _z(r0, r1), _z(c0, c1)
-        signals["monitor/canary_reward_z"], signals["monitor/canary_z"] = z_r, z_c
-        if z_r >= self.cfg.z and z_c <= -self.cfg.canary_z:
-            return (f"the training reward rose ({_mean(r0):.3g} → {_mean(r1):.3g}, z={z_r:.1f}) while the canary "
-                    f"fell on the same completions ({_mean(c0):.3f} → {_mean(c1):.3f}, z={z_c:.1f})")
-        corr = self._windows("canary/corr")
-        if corr is not None:
-            signals["monitor/canary_corr_drop"] = drop = corr[0] - corr[1]
-            if drop >= self.cfg.canary_corr_drop and corr[1] <= 0:
+        if canary.count >= 2 * w and reward.count == canary.count:
+            (r0, r1), (c0, c1) = (reward.first, reward.tail(w)), (canary.first, canary.tail(w))
+            z_r, z_c = _z(r0, r1), _z(c0, c1)
+            signals["monitor/canary_reward_z"], signals["monitor/canary_z"] = z_r, z_c
+            if z_r >= self.cfg.z and z_c <= -self.cfg.canary_z:
+                return (f"the training reward rose ({_mean(r0):.3g} → {_mean(r1):.3g}, z={z_r:.1f}) while the canary "
+                        f"fell on the same completions ({_mean(c0):.3f} → {_mean(c1):.3f}, z={z_c:.1f})")
+        corr, short = self.series["canary/corr"], max(3, w // 2)
+        if corr.count >= w + short:  # the first window against the last few checks: a proxy that stops agreeing shows fast
+            then, now = _mean(corr.first), _mean(corr.tail(short))
+            signals["monitor/canary_corr_drop"] = then - now
+            if then - now >= self.cfg.canary_corr_drop:
                 return (f"the training reward stopped agreeing with the canary: their correlation on the same completions fell from "
-                        f"{corr[0]:.2f} to {corr[1]:.2f} (the reward now prefers what the canary rejects)")
+                        f"{then:.2f} (first {w} checks) to {now:.2f} (last {short})")
         return None
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -310,8 +310,10 @@ class Canary:
         from assay.rewards.monitors import pearson
 
         train, canary = [float(r) for r, _ in both], [float(c) for _, c in both]
-        return {"canary/mean": _mean(canary), "canary/reward_mean": _mean(train), "canary/n": float(len(both)),
-                "canary/corr": pearson(train, canary)}
+        out = {"canary/mean": _mean(canary), "canary/reward_mean": _mean(train), "canary/n": float(len(both))}
+        if len(set(train)) > 1 and len(set(canary)) > 1:  # a correlation needs spread on both sides (all right: none, not 0)
+            out["canary/corr"] = pearson(train, canary)
+        return out
 
     def close(self) -> None:
         self.executor.close()
