@@ -39,11 +39,17 @@ def test_an_honest_run_raises_no_alarm():
     assert feed(HackingMonitor(MonitorConfig()), honest(200)) == []
 
 
-def test_length_growth_with_a_reward_that_pays_for_it_fires_once():
-    rows = honest(60)
+def length_hack(n=60):
+    """Honest rows, except that from step 21 completions grow 0.15 tokens a step and the reward tracks length (corr 0.8)."""
+    rows = honest(n)
     for i, r in enumerate(rows):
         r["rollout/response_length"] = 3.0 if i < 20 else 3.0 + 0.15 * (i - 20)
         r["reward/length_corr"] = 0.8
+    return rows
+
+
+def test_length_growth_with_a_reward_that_pays_for_it_fires_once():
+    rows = length_hack()
     fired = feed(HackingMonitor(MonitorConfig()), rows)
     assert [name for _, name in fired] == ["length"]
     step = fired[0][0]  # the last window's mean first reaches +30% (and one token) over the first window's 3.0
@@ -106,10 +112,7 @@ def test_a_reward_that_stops_agreeing_with_the_canary_fires():
 
 
 def test_state_round_trips_so_a_resumed_run_fires_at_the_same_step():
-    rows = honest(60)
-    for i, r in enumerate(rows):
-        r["rollout/response_length"] = 3.0 if i < 20 else 3.0 + 0.15 * (i - 20)
-        r["reward/length_corr"] = 0.8
+    rows = length_hack()
     whole = feed(HackingMonitor(MonitorConfig()), rows)
     first = HackingMonitor(MonitorConfig())
     assert feed(first, rows[:25]) == []

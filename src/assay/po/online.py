@@ -106,9 +106,8 @@ class PreferenceTrainer(Trainer):
             self.initial_ref, _ = load_policy(cfg.model.path, self.device, cfg.model.dtype, cfg.model.chat_template)
             self.initial_ref.eval().requires_grad_(False)
         self.health = CanaryGates.around(self.health, pref.canary_floor)
-        if self.executor.verifier is not None and self.canary is not None:  # its own canary already re-scores every completion
-            self.canary.close()
-            self.canary = None
+        if self.executor.verifier is not None:  # its own canary already re-scores every completion
+            self.watch.drop_canary()
         if resume:  # the loop restored the plain gates' state; the canary's own is in the same record
             from assay.training.checkpoint import latest_checkpoint, load_state
 

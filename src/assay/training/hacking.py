@@ -34,9 +34,10 @@ from collections import deque
 from typing import Any, Sequence
 
 from assay.errors import AssayError
+from assay.rewards.monitors import pearson
 from assay.types import RewardResult, Trajectory
 
-__all__ = ["Canary", "HackingAlarm", "HackingMonitor", "repetition"]
+__all__ = ["Canary", "HackingAlarm", "HackingMonitor", "Watch", "repetition"]
 
 #: the monitors, in the order they are checked
 MONITORS = ("length", "repetition", "kl", "entropy", "saturation", "divergence", "canary")
@@ -307,8 +308,6 @@ class Canary:
                 if results[i].score is not None and results[i].error is None and c.score is not None and c.error is None]
         if not both:
             return {}
-        from assay.rewards.monitors import pearson
-
         train, canary = [float(r) for r, _ in both], [float(c) for _, c in both]
         out = {"canary/mean": _mean(canary), "canary/reward_mean": _mean(train), "canary/n": float(len(both))}
         if len(set(train)) > 1 and len(set(canary)) > 1:  # a correlation needs spread on both sides (all right: none, not 0)
@@ -332,3 +331,45 @@ def make_canary(cfg, task_reward: str | None):
     from assay.rewards.spec import build_reward
 
     return Canary(build_reward(spec, "monitor.canary"), cfg.monitor.canary_every, cfg.monitor.canary_n, cfg.seed, cfg.reward_timeout)
+
+
+class Watch:
+    """A run's monitors and canary together (either may be off): `check` adds their figures, and the alarm lines of
+    this step, to a step's metrics; the trainer only shows the alarms and stops on them (`train.on_alarm`)."""
+
+    def __init__(self, monitor: HackingMonitor | None, canary: Canary | None):
+        self.monitor, self.canary = monitor, canary
+
+    @classmethod
+    def for_run(cls, cfg, task_reward: str | None) -> "Watch":
+        """The run's `monitor:` section built (a bad canary block raises here, before the run has a folder)."""
+        return cls(HackingMonitor(cfg.monitor) if cfg.monitor.enabled else None, make_canary(cfg, task_reward))
+
+    def check(self, step: int, metrics: dict[str, Any], trajs: list[Trajectory], results: list[RewardResult]) -> list[str]:
+        """Add `canary/*`, `monitor/*` and, when a monitor fires, `alarm` and `alarm/<monitor>` to `metrics`; the alarm lines."""
+        if self.canary is not None:
+            metrics.update(self.canary.check(step, trajs, results))
+        if self.monitor is None:
+            return []
+        signals, alarms = self.monitor.check(step, metrics)
+        metrics.update(signals)
+        if alarms:
+            metrics["alarm"] = "; ".join(alarms)
+            metrics.update({f"alarm/{line.split(':', 1)[0]}": 1.0 for line in alarms})
+        return alarms
+
+    def drop_canary(self) -> None:
+        """No canary (a trainer that checks with its own)."""
+        self.close()
+        self.canary = None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.monitor.state_dict() if self.monitor is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.monitor is not None and state:  # absent from checkpoints written before the monitors
+            self.monitor.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.canary is not None:
+            self.canary.close()

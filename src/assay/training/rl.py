@@ -50,7 +50,7 @@ from assay.data.selection import DynamicFilter, scored_rewards
 from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
-from assay.training.hacking import HackingAlarm, HackingMonitor, make_canary, repetition
+from assay.training.hacking import HackingAlarm, Watch, repetition
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
 from assay.training.precision import MasterWeights
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows, token_logprobs)
@@ -129,7 +129,7 @@ class Trainer:
         self.adv_args = estimator_args(cfg.algo)
         self.extras = build_extras(self, requirements(cfg.algo.advantage), cfg.algo.advantage)  # the critic too, when `values` is needed
         self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
-        self.canary = make_canary(cfg, self.source.reward)  # before the run folder: a bad block leaves nothing behind
+        self.watch = Watch.for_run(cfg, self.source.reward)  # hacking monitors, canary; before the run folder: a bad block leaves nothing
         if resume and run_dir is None:
             raise AssayError("--resume needs the run folder to continue")
         self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
@@ -163,7 +163,6 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
         self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
                                   cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
-        self.monitor = HackingMonitor(cfg.monitor) if cfg.monitor.enabled else None
         self.alarm_stop: str | None = None  # the alarm that ends the run (`train.on_alarm=stop`)
         self.step = 0
         self.evaluated_at: int | None = None  # the step whose held-out evaluation has been logged
@@ -233,7 +232,7 @@ class Trainer:
             **self._position(), "config": self.cfg.model_dump(mode="json"), "extras": {n: e.state_dict() for n, e in self.extras.items()},
             "health": self.health.state_dict(), "master_weights": self.weights.master_state(),
             "async_health": self.async_health.state_dict(), "wall_s": self._wall(),
-            "monitor": self.monitor.state_dict() if self.monitor is not None else None,
+            "monitor": self.watch.state_dict(),
         }
 
     def _position(self) -> dict[str, Any]:
@@ -295,15 +294,11 @@ class Trainer:
             self.health.load_state_dict(state["health"])
         if state.get("async_health") is not None:
             self.async_health.load_state_dict(state["async_health"])
-        self._load_monitor(state)
+        self.watch.load_state_dict(state.get("monitor"))
         self.resumed_versions = load_versions(ckpt)
         self._wall_offset = state.get("wall_s", 0.0)
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
-
-    def _load_monitor(self, state: dict[str, Any]) -> None:
-        if self.monitor is not None and state.get("monitor"):  # absent from checkpoints written before the monitors
-            self.monitor.load_state_dict(state["monitor"])
 
     def _snapshot(self) -> dict[str, Any]:
         """What generating a step's rollouts changes (data position, group samplers, RNG), to put back on an interrupt."""
@@ -485,8 +480,7 @@ class Trainer:
         with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack, \
                 StopSignals(notify=bar.note) as signals:
             stack.callback(self.executor.close)
-            if self.canary is not None:
-                stack.callback(self.canary.close)
+            stack.callback(self.watch.close)
             self.trackers = Trackers(cfg.train.report_to if self.ranks.main else [], self.run_dir, cfg.model_dump(mode="json"), self._saved_at)
             stack.callback(self.trackers.close)
             self._wall_t0 = time.perf_counter()
@@ -588,15 +582,7 @@ class Trainer:
 
     def _watch(self, metrics: dict[str, Any], trajs: list, results: list, bar) -> dict[str, Any]:
         """The canary's figures and the hacking monitors' signals and alarms, added to this step's `metrics` (returned)."""
-        if self.canary is not None:
-            metrics.update(self.canary.check(self.step, trajs, results))
-        if self.monitor is None:
-            return metrics
-        signals, alarms = self.monitor.check(self.step, metrics)
-        metrics.update(signals)
-        if alarms:
-            metrics["alarm"] = "; ".join(alarms)
-            metrics.update({f"alarm/{line.split(':', 1)[0]}": 1.0 for line in alarms})
+        if self.watch.check(self.step, metrics, trajs, results):
             bar.note(f"assay: alarm: step {self.step}: {metrics['alarm']}")
             if self.cfg.train.on_alarm == "stop":
                 self.alarm_stop = f"step {self.step}: {metrics['alarm']}"

@@ -268,7 +268,7 @@ class ShardedTrainer(Trainer):
             extra.load(weights, saved.get(name))
         if state.get("health") is not None:
             self.health.load_state_dict(state["health"])
-        self._load_monitor(state)
+        self.watch.load_state_dict(state.get("monitor"))
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
 
