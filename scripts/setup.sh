@@ -2,7 +2,8 @@
 # Set up assay in ./.venv: the CPU build of torch first (a plain `torch` from PyPI pulls
 # several GB of CUDA libraries), then the package with its test extras (HumanEval, for the
 # code reward's tests, TensorBoard, for the tracker test, the serve extra, for the
-# reward and model servers and their tests, and the lora extra, peft), then the sandbox that code
+# reward and model servers and their tests, the lora extra, peft, and the image extra, diffusers, for
+# image policies), then the sandbox that code
 # rewards run in. Safe to run again; it only installs what is missing. Exits non-zero when
 # the sandbox cannot be installed, unless you chose to go without it (code rewards will then
 # refuse to run).
@@ -38,7 +39,7 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
 fi
 
 echo "installing assay ..." >&2
-"${PIP[@]}" install -e '.[test,humaneval,tensorboard,serve,lora]'
+"${PIP[@]}" install -e '.[test,humaneval,tensorboard,serve,lora,image]'
 
 if [ "${ASSAY_NO_SANDBOX:-0}" = 1 ]; then
   echo "warning: ASSAY_NO_SANDBOX=1: no code sandbox installed; code rewards will refuse to run" >&2

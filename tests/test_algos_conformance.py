@@ -233,6 +233,8 @@ LOSS_GRADS = {
     "cispo": [({}, lambda lp, old, a, m: -a * torch.exp(lp - old).clamp(0.0, 1.28))],
     "sapo": [({}, lambda lp, old, a, m: -a * torch.exp(lp - old) * _sigmoid_weight(torch.exp(lp - old), a))],
     "reinforce": [({}, lambda lp, old, a, m: -a)],
+    "rwr": [({}, lambda lp, old, a, m: -torch.exp(a).clamp(max=20.0)),
+            ({"beta": 0.25, "max_weight": 2.0}, lambda lp, old, a, m: -torch.exp(a / 0.25).clamp(max=2.0))],
 }
 LOSS_CASES = [(name, i) for name in POLICY_LOSSES.names() for i in range(len(LOSS_GRADS.get(name, [None])))]
 

@@ -305,18 +305,19 @@ def test_pretrain_pins_its_kernels_before_torch_loads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-arith", "tiny-calc", "tiny-steps", "tiny-sum3"])
+@pytest.mark.parametrize("name", ["tiny-arith", "tiny-calc", "tiny-steps", "tiny-sum3", "tiny-shapes"])
 def test_pretrain_rebuilds_the_bundled_model_byte_for_byte(tmp_path, name):
-    """One bundled model a day (by the date, in turn), all four with ASSAY_REBUILD_ALL=1: together they take ~28 minutes."""
+    """One bundled model a day (by the date, in turn), all five with ASSAY_REBUILD_ALL=1: together they take ~36 minutes."""
     import datetime
 
     from assay.models import BUNDLED_DIR
 
-    names = ["tiny-arith", "tiny-calc", "tiny-steps", "tiny-sum3"]
+    names = ["tiny-arith", "tiny-calc", "tiny-steps", "tiny-sum3", "tiny-shapes"]
     if os.environ.get("ASSAY_REBUILD_ALL") != "1" and names[datetime.date.today().toordinal() % len(names)] != name:
-        pytest.skip("another bundled model's rebuild runs today (ASSAY_REBUILD_ALL=1 runs all four)")
+        pytest.skip("another bundled model's rebuild runs today (ASSAY_REBUILD_ALL=1 runs all five)")
 
-    # the recipes train on one thread (on this kind of machine: tiny-arith ~8 minutes, tiny-calc ~5, tiny-steps ~9, tiny-sum3 ~6)
+    # the recipes train on one thread (on this kind of machine: tiny-arith ~8 minutes, tiny-calc ~5, tiny-steps ~9, tiny-sum3 ~6,
+    # tiny-shapes ~8)
     assay("pretrain", name, "--out", str(tmp_path / "m"), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3600)
     built = (tmp_path / "m" / "model.safetensors").read_bytes()
     assert built == (BUNDLED_DIR / name / "model" / "model.safetensors").read_bytes()

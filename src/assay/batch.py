@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from assay.types import RewardResult, Trajectory
@@ -33,6 +34,9 @@ class Batch:
     # [B, T] the sampler's logprobs when the update's own forward is the proximal policy (algo.mismatch with one optimizer
     # step per batch): the loss then takes π_old from that forward, detached, and the TIS/MIS weights against these
     behaviour: torch.Tensor | None = None
+    # [B, K+1, ...] what a policy whose actions are not tokens recomputes its step likelihoods from (an image policy's
+    # denoising chains, `assay.images`); None for a language model
+    actions: torch.Tensor | None = None
 
     @property
     def response_len(self) -> int:
@@ -68,6 +72,8 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
         loss.append(([1] * c if t.loss_mask is None else [int(bool(x)) for x in t.loss_mask]) + [0] * (T - c))
     names = sorted({k for r in results for k in r.components})
     comps = [[float(r.components.get(k, float("nan"))) for k in names] for r in results]
+    acts = [t.info.get("actions") for t in trajs]
+    actions = torch.from_numpy(np.stack(acts)).to(device) if all(a is not None for a in acts) else None
     ids_t = torch.tensor(ids, dtype=torch.long, device=device)
     attn_t = torch.tensor(attn, dtype=torch.long, device=device)
     mask = torch.tensor(loss, dtype=torch.float32, device=device)
@@ -77,6 +83,7 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
         torch.tensor([float("nan") if r.score is None else float(r.score) for r in results], dtype=torch.float32, device=device),
         torch.tensor([t.group for t in trajs], dtype=torch.long, device=device),
         torch.tensor(comps, dtype=torch.float32, device=device).reshape(B, len(names)),
+        actions=actions,
     )
 
 

@@ -385,6 +385,21 @@ class TrainConfig(Section):
     `actor/skipped_frac` reports the share left out. False: every row runs."""
 
 
+class ImageConfig(Section):
+    """How an image policy samples (docs/images.md); each field left null keeps the model's own `sampling` (config.json)."""
+
+    steps: int | None = Field(None, ge=1, le=200)
+    """Denoising steps of a training rollout (SDE): the actions of one trajectory."""
+    eval_steps: int | None = Field(None, ge=1, le=500)
+    """Steps of a greedy (temperature 0) picture: the deterministic ODE, used by evaluation."""
+    noise_level: float | None = Field(None, gt=0.0, le=5.0)
+    """`a` in Flow-GRPO's σ_t = a·√(t/(1−t)): how much noise each SDE step injects."""
+    train_steps: int | None = Field(None, ge=1)
+    """How many of a rollout's first (noisiest) steps are actions (SDE steps that train); the later steps follow the ODE (MixGRPO)."""
+    shared_noise: bool | None = None
+    """A group's pictures start from one noise (DanceGRPO), so they differ only by their SDE steps, the actions."""
+
+
 class MonitorConfig(Section):
     """Reward-hacking monitors and the canary (docs/integrity.md): alarms every run carries."""
 
@@ -501,6 +516,8 @@ class RunConfig(Section):
     env: EnvConfig | None = None
     """A multi-turn environment (docs/agents.md); null: single-turn completions. With an
     environment the default reward is the episode's (`episode`); a `reward` block replaces it."""
+    image: ImageConfig = Field(default_factory=ImageConfig)
+    """Sampling of an image policy (`policy_kind: image`, docs/images.md); ignored for a language model."""
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     """Reward-hacking monitors and the canary (docs/integrity.md)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)

@@ -154,6 +154,26 @@ def reinforce(
     return loss, {"ratio_mean": _metric_mean(torch.exp(logprobs - old_logprobs), mask)}
 
 
+@POLICY_LOSSES.register("rwr")
+def rwr(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, beta: float = 1.0,
+    max_weight: float = 20.0, **_,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Reward-weighted regression: L_t = −w · log π(y_t), w = min(exp(A/β), max_weight), w held constant.
+
+    Maximum likelihood on the policy's own samples, each weighted by its exponentiated
+    advantage: a baseline that needs no ratio and no clip (every sample pulls the policy
+    toward itself, the better ones harder). Peters & Schaal, "Reinforcement Learning by
+    Reward-Weighted Regression for Operational Space Control" (ICML 2007); for image
+    generators, Lee et al., "Aligning Text-to-Image Models using Human Feedback" (2023),
+    arXiv:2302.12192, and the RWR baseline of Black et al., "Training Diffusion Models with
+    Reinforcement Learning" (DDPO, 2023), arXiv:2305.13301. Metric `weight_mean`.
+    """
+    weight = torch.exp(advantages.detach() / beta).clamp(max=max_weight)
+    loss = torch.where(mask.bool(), -weight * logprobs, torch.zeros_like(logprobs))
+    return loss, {"weight_mean": _metric_mean(weight, mask), "ratio_mean": _metric_mean(torch.exp(logprobs - old_logprobs), mask)}
+
+
 # a token whose advantage is 0 adds exactly zero loss and gradient under each of these, so the learner
 # may leave rows with zero advantage out of the update (`assay.training.learner.skips_inert_rows`)
 ppo_clip.zero_at_zero_advantage = gspo.zero_at_zero_advantage = cispo.zero_at_zero_advantage = True

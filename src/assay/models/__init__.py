@@ -140,6 +140,12 @@ def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_tem
 
     folder = resolve_model_path(path)
     quiet_hf()
+    from assay.images.flow import is_image_policy
+
+    if is_image_policy(folder):  # a picture generator (docs/images.md): the same loop, another kind of policy
+        from assay.images.flow import load_image_policy
+
+        return load_image_policy(folder, device, dtype)
     if is_adapter_folder(folder):
         return merge_adapter(folder, *load_policy(base_path(folder), device, dtype, chat_template), chat_template)
     try:

@@ -123,6 +123,9 @@ def token_logprobs(model, batch: "Batch", temperature: float = 1.0, with_entropy
     if isinstance(model, AdapterOff):
         with model.model() as base:
             return token_logprobs(base, batch, temperature, with_entropy, entropy_grad, fast)
+    own = getattr(model, "action_logprobs", None)
+    if own is not None:  # a policy whose actions are not tokens (an image policy's denoising steps): its own likelihoods
+        return own(batch, temperature, with_entropy)
     T = batch.response_len
     targets = batch.input_ids[:, -T:]  # [B, T]
     weight = None if entropy_grad else _fused_head(model)

@@ -92,6 +92,10 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
     recipe = load_recipe(name)
     seed = recipe["seed"] if seed is None else seed
     out_dir = Path(out) if out else BUNDLED_DIR / name / "model"
+    if recipe.get("kind") == "image":  # a picture generator (assay.images.recipe)
+        from assay.images.recipe import build_image_model
+
+        return build_image_model(name, recipe, out_dir, seed, log)
     torch.set_num_threads(recipe.get("threads", 1))  # one thread: the same weights on any machine
     task = make_task(recipe["task"], **recipe["task_args"])
     if recipe.get("base"):

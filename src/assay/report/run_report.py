@@ -109,12 +109,25 @@ def write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any],
 th,td{{border:1px solid #ccc;padding:.3em .7em;text-align:left}}img{{max-width:48%;margin:.5em}}.warn{{color:#a40}}pre{{background:#f5f5f5;padding:1em}}</style>
 </head><body><h1>assay run <code>{html.escape(run_dir.name)}</code></h1>
 <h2>Final figures</h2><table>{cells}</table>{_warnings_html(rows)}<h2>Curves</h2>{imgs}
-{_samples_html(run_dir)}<h2>Configuration</h2><pre>{html.escape(yaml.safe_dump(config, sort_keys=False))}</pre></body></html>"""
+{_pictures_html(run_dir)}{_samples_html(run_dir)}<h2>Configuration</h2><pre>{html.escape(yaml.safe_dump(config, sort_keys=False))}</pre></body></html>"""
     out = run_dir / "report.html"
     tmp = run_dir / ".report.html.tmp"
     tmp.write_text(page)
     os.replace(tmp, out)
     return out
+
+
+def _pictures_html(run_dir: Path) -> str:
+    """An image policy's held-out pictures at the first and the last evaluation (`images/heldout_step*.png`), side by side."""
+    grids = sorted((run_dir / "images").glob("heldout_step*.png"))
+    if not grids:
+        return ""
+    shown = [grids[0], grids[-1]] if len(grids) > 1 else grids
+    figs = "".join(f'<figure style="display:inline-block;margin:.5em"><img style="max-width:100%;image-rendering:pixelated" '
+                   f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{p.stem}">'
+                   f"<figcaption>step {int(p.stem.removeprefix('heldout_step'))}</figcaption></figure>" for p in shown)
+    return ("<h2>Held-out pictures</h2><p>The same prompts and starting noise at each evaluation; framed green where the checker "
+            f"finds the picture right, red where not.</p>{figs}")
 
 
 def _fmt(v: Any) -> str:

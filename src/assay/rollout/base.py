@@ -78,13 +78,19 @@ def check_backend(backend: str) -> Callable[..., Sampler]:
     """The factory of `rollout.backend`; one line naming the known backends for anything else."""
     from assay.rollout import engines, torch_sampler  # noqa: F401  (register "torch", "vllm", "openai"; no engine is imported)
 
+    if backend == "image":
+        from assay.images import sampler  # noqa: F401  (registers "image")
     if backend not in SAMPLERS and ":" not in backend:
         raise AssayError(f"unknown rollout.backend {backend!r}; known: {', '.join(SAMPLERS.names())} (or a module:attr factory)")
     return SAMPLERS.get(backend)
 
 
 def make_sampler(backend: str, model: Any, tokenizer: Any, rollout: Any = None, device: Any = "cpu") -> Sampler:
-    """The sampler called `backend` (`rollout.backend`), built for `model`."""
+    """The sampler called `backend` (`rollout.backend`), built for `model`; an image policy's is always `image`."""
+    if getattr(model, "policy_kind", "text") == "image":
+        if backend not in ("torch", "image"):
+            raise AssayError(f"rollout.backend={backend!r} samples language models; an image policy samples in process (leave rollout.backend at torch, or image)")
+        backend = "image"
     return check_backend(backend)(model, tokenizer, rollout, device)
 
 

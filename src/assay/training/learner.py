@@ -76,7 +76,7 @@ def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
     is_w = batch.is_weights[:, :t] if batch.is_weights is not None else None
     behaviour = batch.behaviour[:, :t] if batch.behaviour is not None else None
     out = Batch(batch.input_ids[:, cols], batch.attention_mask[:, cols], batch.position_ids[:, cols], batch.mask[:, :t],
-                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w, behaviour)
+                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w, behaviour, batch.actions)
     return out, advantages[:, :t]
 
 

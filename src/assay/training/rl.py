@@ -29,6 +29,7 @@ from assay.devices import check_device, set_matmul_precision
 from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
+from assay.images.flow import configure as configure_images
 from assay.models import load_policy, resolve_model_path
 from assay.models.llama import enable_checkpointing
 from assay.models.lora import AdapterOff, apply_lora, load_adapter
@@ -114,6 +115,7 @@ class Trainer:
         self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
+        configure_images(self.model, cfg.image)  # an image policy's sampling settings (nothing for a language model)
         self.adapter = self._lora()  # peft's wrapper when only adapters train (`model.lora`), else None
         self.ref = None
         if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
@@ -459,7 +461,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy accuracy (verified), the mean of a learned reward, and length (nothing without held-out data)."""
-        return self._evaluate_on(self.source.heldout) if self.source.heldout else {}
+        out = self._evaluate_on(self.source.heldout) if self.source.heldout else {}
+        pictures = getattr(self.sampler, "save_greedy", None)  # an image policy: the held-out pictures, for the report
+        if pictures is not None and self.ranks.main and self.source.heldout:
+            pictures(self.run_dir / "images" / f"heldout_step{self.step:06d}.png")
+        return out
 
     def _evaluate_on(self, problems: list) -> dict[str, float]:
         verifier, reward = self.executor.heldout_scorers()

@@ -4,6 +4,7 @@ from assay.data.tasks.arithmetic import Arithmetic, ArithmeticReward, Arithmetic
 from assay.data.tasks.base import TASKS, Task, in_heldout, make_task
 from assay.data.tasks.countdown import Countdown, CountdownReward, parse_expression
 from assay.data.tasks.mix import Mix
+from assay.data.tasks.shapes import Shapes  # "shapes": pictures of coloured blocks, for image policies (docs/images.md)
 
 __all__ = ["TASKS", "Task", "make_task", "in_heldout", "Arithmetic", "ArithmeticReward", "ArithmeticSteps", "ArithmeticStepsReward", "Countdown", "CountdownReward",
-           "parse_expression", "Mix"]
+           "parse_expression", "Mix", "Shapes"]

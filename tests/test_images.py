@@ -1,0 +1,181 @@
+"""Image policies: the shapes task and its checker, the Flow-GRPO step likelihoods, the sampler and the learner's seam."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from assay.batch import collate  # noqa: E402
+from assay.images.flow import FlowConfig, FlowPolicy, gaussian_logprob, noise_std, sde_step, time_grid  # noqa: E402
+from assay.images.recipe import build_word_tokenizer  # noqa: E402
+from assay.images.sampler import ImageSampler  # noqa: E402
+from assay.data.tasks.shapes import Shapes, ShapeCount  # noqa: E402
+from assay.images.shapes import PALETTE, draw, parse_prompt, read_counts  # noqa: E402
+from assay.models.logprobs import token_logprobs  # noqa: E402
+from assay.rollout.base import SamplingParams  # noqa: E402
+from assay.types import RewardResult, Sample, Trajectory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    tok = build_word_tokenizer()
+    model = FlowPolicy(FlowConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, block_out_channels=(8, 16), norm_num_groups=4,
+                                  sampling={"steps": 4, "eval_steps": 5, "noise_level": 0.7}))
+    return model.eval(), tok
+
+
+def test_checker_reads_back_every_drawn_picture():
+    task, rng = Shapes(), random.Random(0)
+    for _ in range(200):
+        s = task.make(rng)
+        counts = read_counts(draw(s.fields["counts"], rng))
+        assert counts == {c: s.fields["counts"].get(c, 0) for c in PALETTE}, s.prompt
+
+
+def test_checker_counts_touching_blocks_as_one_and_ignores_specks():
+    img = np.zeros((16, 16, 3), np.uint8)
+    img[0:3, 0:3] = PALETTE["red"]
+    img[0:3, 3:6] = PALETTE["red"]  # touches the first: one component
+    img[10, 10] = PALETTE["blue"]  # a single pixel is noise
+    img[8:11, 0:3] = (128, 0, 128)  # near no palette colour
+    assert read_counts(img) == {"red": 1, "green": 0, "blue": 0, "yellow": 0, "white": 0}
+    traj = Trajectory(Sample("a", "2 red", "2 red"), "<image>", [], [], [], True, info={"image": img})
+    result = ShapeCount()([traj])[0]
+    assert result.score == 0.0 and result.components["count_error"] == 1.0 and result.info["extracted"] == "1 red"
+    assert ShapeCount(credit="colours")([traj])[0].score == pytest.approx(4 / 5)
+    assert ShapeCount(credit="error")([traj])[0].score == pytest.approx(1 / 2)
+
+
+def test_bad_prompts_and_missing_images_fail_one_item():
+    with pytest.raises(ValueError):
+        parse_prompt("2 purple")
+    r = ShapeCount()([Trajectory(Sample("a", "2 red", "2 red"), "x", [], [], [], True)])[0]
+    assert r.error and "no image" in r.error
+
+
+def test_step_logprob_is_the_sde_gaussian_density():
+    """Flow-GRPO's step: mean x + [v + σ²/(2t)(x + (1−t)v)]·Δt, std σ√−Δt, σ = a√(t/(1−t)); density by torch.distributions."""
+    g = torch.Generator().manual_seed(1)
+    B, a = 5, 0.7
+    grid = time_grid(6).double()
+    for k in range(6):
+        x, v = torch.randn(B, 3, 4, 4, generator=g, dtype=torch.float64), torch.randn(B, 3, 4, 4, generator=g, dtype=torch.float64)
+        t, t_next = float(grid[k]), float(grid[k + 1])
+        tc = t if t < 1 else float(grid[1])
+        sigma = a * math.sqrt(t / (1 - tc))
+        drift = v + sigma**2 / (2 * t) * (x + (1 - t) * v)
+        mean_ref, std_ref = x + drift * (t_next - t), sigma * math.sqrt(t - t_next)
+        x_next = mean_ref + std_ref * torch.randn(B, 3, 4, 4, generator=g, dtype=torch.float64)
+        ref = torch.distributions.Normal(mean_ref, std_ref).log_prob(x_next).mean(dim=(1, 2, 3))
+        mean, std = sde_step(x, v, torch.full((B,), t, dtype=torch.float64), torch.full((B,), t_next, dtype=torch.float64), a, grid[1])
+        assert torch.allclose(gaussian_logprob(x_next, mean, std), ref, atol=1e-5, rtol=0)
+        assert float(noise_std(torch.tensor(t), a, grid[1])) == pytest.approx(sigma)
+
+
+def test_learner_recomputes_the_samplers_step_logprobs(policy):
+    model, tok = policy
+    sampler = ImageSampler(model, tok)
+    samples = [Sample("p0", "2 red", "2 red"), Sample("p1", "1 blue 3 white", "1 blue 3 white")]
+    trajs = sampler.generate(samples, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert len(trajs) == 6 and [t.group for t in trajs] == [0, 0, 0, 1, 1, 1]
+    assert all(len(t.logprobs) == 4 and t.info["actions"].shape == (5, 3, 16, 16) and t.info["image"].dtype == np.uint8 for t in trajs)
+    batch = collate(trajs, [RewardResult(1.0)] * 6, tok.pad_token_id, torch.device("cpu"))
+    lp, ent = token_logprobs(model, batch)
+    assert ent is None and torch.allclose(lp, batch.old_logprobs, atol=1e-5)
+    lp.sum().backward()  # the likelihoods are differentiable in the policy's weights
+    assert model.unet.conv_in.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
+    model.zero_grad()
+
+
+def test_greedy_pictures_are_fixed_by_the_prompt(policy):
+    model, tok = policy
+    sampler = ImageSampler(model, tok)
+    s = [Sample("heldout-1", "2 red", "2 red")]
+    a = sampler.generate(s, 1, SamplingParams(temperature=0.0))[0]
+    b = sampler.generate(s, 1, SamplingParams(temperature=0.0))[0]
+    assert len(a.completion_ids) == 5 and np.array_equal(a.info["image"], b.info["image"])
+
+
+def test_policy_saves_and_loads(policy, tmp_path):
+    from assay.models import load_policy
+
+    model, tok = policy
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, tok2 = load_policy(str(tmp_path))
+    assert loaded.policy_kind == "image" and loaded.sampling.steps == 4 and tok2("2 red")["input_ids"] == tok("2 red")["input_ids"]
+    assert all(torch.equal(p, q) for p, q in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+def _image_cfg(tmp_path, name, steps, *more):
+    from assay.config import load_config
+
+    return load_config(None, [f"output_dir={tmp_path}", f"run_name={name}", "model.path=tiny-shapes", "data.task=shapes", f"train.steps={steps}",
+                              "train.eval_every=2", "train.eval_n=16", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=2",
+                              "rollout.group_size=4", "train.threads=1", "optim.warmup_steps=0", "optim.lr=1e-4", "image.steps=4",
+                              "image.eval_steps=4", "image.train_steps=3", *more])
+
+
+def test_an_image_run_trains_reports_and_resumes_bit_for_bit(tmp_path):
+    """The same loop as text: GRPO on the checker's reward, held-out pictures in the report, final/ loads, exact resume."""
+    from _train_helpers import weights
+
+    from assay.models import load_policy
+    from assay.report.metrics import read_metrics
+    from assay.training.rl import Trainer
+
+    full = Trainer(_image_cfg(tmp_path, "full", 4)).fit(progress=False).run_dir
+    cut = Trainer(_image_cfg(tmp_path, "cut", 2)).fit(progress=False).run_dir
+    Trainer(_image_cfg(tmp_path, "cut", 4), run_dir=cut, resume=True).fit(progress=False)
+
+    def steps(d):
+        return [{k: v for k, v in r.items() if not k.startswith(("perf/", "eval/")) and not k.endswith("_per_s")}
+                for r in read_metrics(d / "metrics.jsonl") if "actor/loss" in r]  # a run that ends at step 2 evaluates it in its own row
+
+    rows = steps(full)
+    assert rows == steps(cut) and len(rows) == 4
+    assert all(r["rollout/response_length"] == 3 and r.get("actor/logprob_diff", 0.0) < 1e-5 for r in rows)
+    assert any(r["actor/grad_norm"] > 0 for r in rows)
+    assert "reward/count_error/mean" in rows[0] and any("eval/accuracy" in r for r in read_metrics(full / "metrics.jsonl"))
+    wf, wc = weights(full / "final"), weights(cut / "final")
+    assert all(wf[k].equal(wc[k]) for k in wf)
+    assert sorted(p.name for p in (full / "images").iterdir()) == ["heldout_step000000.png", "heldout_step000002.png", "heldout_step000004.png"]
+    assert "Held-out pictures" in (full / "report.html").read_text()
+    model, _ = load_policy(str(full / "final"))
+    assert model.policy_kind == "image" and model.sampling.train_steps == 3  # the run's sampling travels with the model
+
+
+def test_an_engine_backend_is_refused_for_an_image_policy(tmp_path):
+    from assay.errors import AssayError
+    from assay.training.rl import Trainer
+
+    with pytest.raises(AssayError, match="image policy samples in process"):
+        Trainer(_image_cfg(tmp_path, "x", 1, "rollout.backend=vllm"))
+
+
+def test_demonstrations_overshoot_by_one_block_at_the_recipes_rate():
+    from assay.images.recipe import demonstrated
+
+    rng = random.Random(0)
+    shown = [demonstrated({"red": 2, "blue": 1}, 0.6, rng) for _ in range(2000)]
+    extra = [sum(s.values()) - 3 for s in shown]
+    assert set(extra) == {0, 1} and 0.55 < sum(extra) / len(extra) < 0.65
+    assert all(read_counts(draw({"red": 4, "blue": 3}, rng)) == {"red": 4, "green": 0, "blue": 3, "yellow": 0, "white": 0} for _ in range(50))
+
+
+def test_the_example_config_names_the_bundled_image_policy():
+    from pathlib import Path
+
+    from assay.config import load_config
+    from assay.models import resolve_model_path
+    from assay.images.flow import is_image_policy
+
+    cfg = load_config(str(Path(__file__).parents[1] / "examples" / "image-count.yaml"), [])
+    assert cfg.data.task == "shapes" and is_image_policy(resolve_model_path(cfg.model.path))
