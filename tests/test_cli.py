@@ -32,7 +32,7 @@ def test_malformed_jsonl_line_is_named(tmp_path, tiny_model_dir):
 
 
 def test_unknown_task():
-    one_line_error(assay("eval", "--task", "sudoku"), "unknown task 'sudoku'; known: arithmetic, arithmetic_steps, code-fix, countdown, mix, sql-agent")
+    one_line_error(assay("eval", "--task", "sudoku"), "unknown task 'sudoku'; known: arithmetic, arithmetic_steps, code-fix, countdown, mix, shapes, sql-agent")
     one_line_error(assay("train", "data.task=sudoku", "train.steps=1"), "unknown task 'sudoku'")
 
 

@@ -85,7 +85,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 #: API and closes a cycle through everything `assay.api` reaches; write `import assay.x`.
 KNOWN_CYCLES = {
     frozenset({"assay.rollout.base", "assay.rollout.engines", "assay.rollout.openai_sampler", "assay.rollout.torch_sampler",
-               "assay.rollout.vllm_sampler"}),
+               "assay.rollout.vllm_sampler", "assay.images.sampler"}),
     frozenset({"assay.sandbox", "assay.sandbox.check", "assay.sandbox.forkserver", "assay.sandbox.isolation", "assay.sandbox.pool",
                "assay.sandbox.runner"}),
     frozenset({"assay.envs", "assay.envs.base", "assay.envs.calculator", "assay.envs.code_fix", "assay.envs.sql_agent"}),

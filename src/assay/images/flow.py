@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from assay.devices import generator_for
 from assay.errors import AssayError
 
 MODEL_TYPE = "assay-flow"
@@ -106,7 +107,7 @@ class FlowPolicy(nn.Module):
         self.sampling = Sampling(**config.sampling)
         width = config.block_out_channels[0] * 4  # the UNet's timestep-embedding size
         self.embed = nn.Embedding(config.vocab_size, config.text_dim, padding_idx=config.pad_token_id)
-        self.position = nn.Parameter(torch.zeros(config.max_prompt_tokens, config.text_dim))
+        self.position = nn.Parameter(torch.zeros(config.max_prompt_tokens, config.text_dim, device="cpu"))
         self.text = nn.Sequential(nn.Linear(config.max_prompt_tokens * config.text_dim, width), nn.SiLU(), nn.Linear(width, width))
         levels = len(config.block_out_channels)
         self.unet = UNet2DModel(sample_size=config.sample_size, in_channels=config.channels, out_channels=config.channels,
@@ -190,7 +191,7 @@ def time_grid(steps: int, device: Any = "cpu") -> torch.Tensor:
 
 def noise_std(t: torch.Tensor, noise_level: float, t_cap: torch.Tensor | float) -> torch.Tensor:
     """σ_t = a·√(t/(1−t)); at t = 1 the denominator takes `t_cap` (the first grid time below 1), as Flow-GRPO does."""
-    t = torch.as_tensor(t)
+    t = torch.as_tensor(t, device=t.device if torch.is_tensor(t) else "cpu")
     return noise_level * torch.sqrt(t / (1 - torch.where(t >= 1.0, torch.as_tensor(t_cap, dtype=t.dtype, device=t.device), t)))
 
 
@@ -229,13 +230,19 @@ def sample_chain(model: FlowPolicy, cond: torch.Tensor, noise: torch.Tensor, ste
         v = model.velocity(x, t, cond)
         if stochastic and k < sde_steps:
             mean, std = sde_step(x, v, t, t_next, model.sampling.noise_level, grid[1])
-            eps = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+            eps = torch.randn(x.shape, generator=generator_for(generator, "cpu"), dtype=x.dtype, device="cpu").to(x.device)
             x = mean + std * eps
             lps.append(gaussian_logprob(x, mean, std))
         else:
             x = x + v * (t_next - t).view(-1, 1, 1, 1)
         chain.append(x)
     return torch.stack(chain, 1), (torch.stack(lps, 1) if stochastic else None)
+
+
+def seeded_noise(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Standard normal noise of `shape` from its own CPU stream seeded by `seed` (a greedy picture's starting noise)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(*shape, generator=generator_for(gen, "cpu"), device="cpu")
 
 
 def to_pixels(x: torch.Tensor) -> list:

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from assay.images.flow import FlowConfig, FlowPolicy, from_pixels, sample_chain, to_pixels
+from assay.devices import generator_for
+from assay.images.flow import FlowConfig, FlowPolicy, from_pixels, sample_chain, seeded_noise, to_pixels
 from assay.data.tasks.shapes import Shapes
 from assay.images.shapes import PALETTE, SIZE, draw, read_counts
 
@@ -49,7 +50,7 @@ def _encode(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
 def greedy_images(model: FlowPolicy, tok, prompts: list[str], seeds: list[int], steps: int | None = None) -> list:
     """One ODE picture per prompt, from the initial noise of its seed (the same noise on any device)."""
     ids, mask = _encode(tok, prompts)
-    noise = torch.stack([torch.randn(model.config.channels, SIZE, SIZE, generator=torch.Generator().manual_seed(s)) for s in seeds])
+    noise = torch.stack([seeded_noise(s, (model.config.channels, SIZE, SIZE)) for s in seeds])
     with torch.no_grad():
         chain, _ = sample_chain(model, model.condition(ids, mask), noise, steps or model.sampling.eval_steps, stochastic=False)
     return to_pixels(chain[:, -1])
@@ -67,10 +68,10 @@ def evaluate(model: FlowPolicy, tok, task: Shapes, n: int, k: int, seed: int) ->
     right = [got == {c: p.fields["counts"].get(c, 0) for c in PALETTE} for got, p in zip(seen, problems)]
     surplus = [sum(got.values()) - sum(p.fields["counts"].values()) for got, p in zip(seen, problems)]
     ids, mask = _encode(tok, [p for p in prompts for _ in range(k)])
-    gen = torch.Generator().manual_seed(seed)
-    noise = torch.randn(len(prompts) * k, model.config.channels, SIZE, SIZE, generator=gen)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    noise = torch.randn(len(prompts) * k, model.config.channels, SIZE, SIZE, generator=generator_for(gen, "cpu"), device="cpu")
     with torch.no_grad():
-        chain, _ = sample_chain(model, model.condition(ids, mask), noise, model.sampling.steps, stochastic=True, generator=gen)
+        chain, _ = sample_chain(model, model.condition(ids, mask), noise, model.sampling.steps, stochastic=True, generator=generator_for(gen, "cpu"))
     sampled = to_pixels(chain[:, -1])
     hits = [any(read_counts(sampled[i * k + j]) == {c: p.fields["counts"].get(c, 0) for c in PALETTE} for j in range(k))
             for i, p in enumerate(problems)]
@@ -103,7 +104,7 @@ def build_image_model(name: str, recipe: dict[str, Any], out_dir: Path, seed: in
     opt = torch.optim.AdamW(model.parameters(), lr=train["lr"], weight_decay=train.get("weight_decay", 0.0))
     warm = train.get("warmup", 0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, gen = random.Random(seed), torch.Generator(device="cpu").manual_seed(seed)
     # the recipe may draw from every prompt (the RL run's held-out prompts are then held out from RL, not from the picture model)
     stream = task.stream("train", seed) if not train.get("all_prompts") else (task.make(rng) for _ in itertools.count())
     start = time.time()
@@ -114,8 +115,8 @@ def build_image_model(name: str, recipe: dict[str, Any], out_dir: Path, seed: in
             batch = list(itertools.islice(stream, train["batch_size"]))
             x0 = from_pixels([draw(demonstrated(s.fields["counts"], noise, rng), rng) for s in batch])
             ids, mask = _encode(tok, [s.prompt for s in batch])
-            eps = torch.randn(x0.shape, generator=gen)
-            t = torch.rand(x0.shape[0], generator=gen)
+            eps = torch.randn(x0.shape, generator=generator_for(gen, "cpu"), device="cpu")
+            t = torch.rand(x0.shape[0], generator=generator_for(gen, "cpu"), device="cpu")
             xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps
             loss = (model.velocity(xt, t, model.condition(ids, mask)) - (eps - x0)).square().mean()
             opt.zero_grad()

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from assay.images.flow import FlowPolicy, sample_chain, to_pixels
+from assay.devices import generator_for
+from assay.images.flow import FlowPolicy, sample_chain, seeded_noise, to_pixels
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id
 from assay.types import Sample, Trajectory
 
@@ -43,14 +44,14 @@ class ImageSampler:
         prompt_ids = [encode_prompt(self.tokenizer, s) for s in samples]
         rows = [i for i in range(len(samples)) for _ in range(n)]
         L = max([len(p) for p in prompt_ids] + [1])
-        ids = torch.tensor([[pad_id(self.tokenizer)] * (L - len(prompt_ids[i])) + prompt_ids[i] for i in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (L - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in rows], dtype=torch.long)
+        ids = torch.tensor([[pad_id(self.tokenizer)] * (L - len(prompt_ids[i])) + prompt_ids[i] for i in rows], dtype=torch.long, device="cpu")
+        mask = torch.tensor([[0] * (L - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in rows], dtype=torch.long, device="cpu")
         if stochastic and model.sampling.shared_noise:  # one starting noise per prompt, its group's pictures differ by their steps
-            noise = torch.randn(len(samples), C, S, S, generator=generator).repeat_interleave(n, 0)
+            noise = torch.randn(len(samples), C, S, S, generator=generator_for(generator, "cpu"), device="cpu").repeat_interleave(n, 0)
         elif stochastic:
-            noise = torch.randn(len(rows), C, S, S, generator=generator)
+            noise = torch.randn(len(rows), C, S, S, generator=generator_for(generator, "cpu"), device="cpu")
         else:  # each prompt's own starting noise: the same picture of it at every evaluation
-            noise = torch.stack([torch.randn(C, S, S, generator=torch.Generator().manual_seed(prompt_seed(samples[i]))) for i in rows])
+            noise = torch.stack([seeded_noise(prompt_seed(samples[i]), (C, S, S)) for i in rows])
         was_training = model.training
         model.eval()
         with torch.no_grad():
