@@ -152,12 +152,15 @@ def test_an_image_run_trains_reports_and_resumes_bit_for_bit(tmp_path):
     assert model.policy_kind == "image" and model.sampling.train_steps == 3  # the run's sampling travels with the model
 
 
-def test_an_engine_backend_is_refused_for_an_image_policy(tmp_path):
+def test_what_an_image_policy_does_not_do_is_refused_in_one_line(tmp_path):
     from assay.errors import AssayError
     from assay.training.rl import Trainer
 
     with pytest.raises(AssayError, match="image policy samples in process"):
         Trainer(_image_cfg(tmp_path, "x", 1, "rollout.backend=vllm"))
+    for override, what in (("model.lora={r: 4}", "model.lora"), ("rollout.max_staleness=1", "rollout.max_staleness")):
+        with pytest.raises(AssayError, match=f"{what}.*: an image policy trains with full weights"):
+            Trainer(_image_cfg(tmp_path, "x", 1, override))
 
 
 def test_demonstrations_overshoot_by_one_block_at_the_recipes_rate():

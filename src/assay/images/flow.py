@@ -273,11 +273,17 @@ def load_image_policy(folder: Path, device: Any = "cpu", dtype: str = "float32")
     return model.to(device), tok
 
 
-def configure(model: Any, image: Any) -> None:
-    """Apply a run's `image:` section (`ImageConfig`) to an image policy's `sampling`; nothing for a language model."""
+def configure(model: Any, cfg: Any) -> None:
+    """Apply a run's `image:` section to an image policy's `sampling`, and refuse in one line what an image policy does not
+    do yet (adapters, rollouts ahead of the learner, rollout workers on Ray); nothing for a language model."""
     if getattr(model, "policy_kind", "text") != "image":
         return
+    refused = {"model.lora": cfg.model.lora is not None, "rollout.max_staleness > 0": cfg.rollout.max_staleness > 0,
+               "cluster.rollout_workers > 0": bool(cfg.cluster.ray and cfg.cluster.rollout_workers)}
+    for what, asked in refused.items():
+        if asked:
+            raise AssayError(f"{what}: an image policy trains with full weights in one process for now (docs/images.md)")
     for name in ("steps", "eval_steps", "noise_level", "train_steps", "shared_noise"):
-        value = getattr(image, name)
+        value = getattr(cfg.image, name)
         if value is not None:
             setattr(model.sampling, name, value)

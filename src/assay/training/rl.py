@@ -115,7 +115,7 @@ class Trainer:
         self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
-        configure_images(self.model, cfg.image)  # an image policy's sampling settings (nothing for a language model)
+        configure_images(self.model, cfg)  # an image policy's sampling settings (nothing for a language model)
         self.adapter = self._lora()  # peft's wrapper when only adapters train (`model.lora`), else None
         self.ref = None
         if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
