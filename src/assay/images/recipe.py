@@ -5,7 +5,7 @@ model is `FlowPolicy` at the recipe's size, trained with the conditional flow-ma
 `‖v_θ(x_t, t, prompt) − (ε − x₀)‖²`, t uniform in [0, 1], on freshly drawn pictures of
 the task's prompts, a share of which (`noise:`) show one block too many (`demonstrated`). One thread and pinned kernels (`assay.recipes.build.PINNED_KERNELS`), so a
 rebuild gives the same bytes. `eval.json` holds the held-out accuracy of greedy (ODE)
-pictures, one per prompt, and the share of prompts with a right picture among k SDE samples.
+pictures, one per held-out row, and the share of rows with a right picture among k SDE samples.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from assay.devices import generator_for
-from assay.images.flow import FlowConfig, FlowPolicy, from_pixels, sample_chain, seeded_noise, to_pixels
+from assay.images.flow import FlowConfig, FlowPolicy, from_pixels, sample_chain, to_pixels
 from assay.data.tasks.shapes import Shapes
-from assay.images.shapes import PALETTE, SIZE, draw, read_counts
+from assay.images.shapes import PALETTE, SIZE, draw, is_right, read_counts
 
 #: words besides the palette's colours (numbers up to 9, a few words for prompts of one's own)
 WORDS = [str(d) for d in range(10)] + ["and", "blocks", "block", "square", "squares"]
@@ -47,35 +47,24 @@ def _encode(tok, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     return enc["input_ids"], enc["attention_mask"]
 
 
-def greedy_images(model: FlowPolicy, tok, prompts: list[str], seeds: list[int], steps: int | None = None) -> list:
-    """One ODE picture per prompt, from the initial noise of its seed (the same noise on any device)."""
-    ids, mask = _encode(tok, prompts)
-    noise = torch.stack([seeded_noise(s, (model.config.channels, SIZE, SIZE)) for s in seeds])
-    with torch.no_grad():
-        chain, _ = sample_chain(model, model.condition(ids, mask), noise, steps or model.sampling.eval_steps, stochastic=False)
-    return to_pixels(chain[:, -1])
-
-
 def evaluate(model: FlowPolicy, tok, task: Shapes, n: int, k: int, seed: int) -> dict[str, float]:
-    """Held-out accuracy of greedy pictures (the rows a run evaluates at step 0: the same starting noise per row) and the
-    share of rows right in at least one of k SDE samples."""
-    from assay.images.sampler import prompt_seed
+    """Held-out accuracy of greedy pictures (drawn as a run evaluates them at step 0, by the image sampler) and the share
+    of rows right in at least one of k SDE samples, each from its own starting noise."""
+    from assay.images.sampler import ImageSampler
+    from assay.rollout.base import SamplingParams
 
     problems = task.heldout(n)
-    prompts = [p.prompt for p in problems]
-    greedy = greedy_images(model, tok, prompts, [prompt_seed(p) for p in problems])
-    seen = [read_counts(img) for img in greedy]
-    right = [got == {c: p.fields["counts"].get(c, 0) for c in PALETTE} for got, p in zip(seen, problems)]
-    surplus = [sum(got.values()) - sum(p.fields["counts"].values()) for got, p in zip(seen, problems)]
-    ids, mask = _encode(tok, [p for p in prompts for _ in range(k)])
+    greedy = [t.info["image"] for t in ImageSampler(model, tok).generate(problems, 1, SamplingParams(temperature=0.0))]
+    right = [is_right(p, img) for img, p in zip(greedy, problems)]
+    surplus = [sum(read_counts(img).values()) - sum(p.fields["counts"].values()) for img, p in zip(greedy, problems)]
+    ids, mask = _encode(tok, [p.prompt for p in problems for _ in range(k)])
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    noise = torch.randn(len(prompts) * k, model.config.channels, SIZE, SIZE, generator=generator_for(gen, "cpu"), device="cpu")
+    noise = torch.randn(len(problems) * k, model.config.channels, SIZE, SIZE, generator=generator_for(gen, "cpu"), device="cpu")
     with torch.no_grad():
         chain, _ = sample_chain(model, model.condition(ids, mask), noise, model.sampling.steps, stochastic=True, generator=generator_for(gen, "cpu"))
     sampled = to_pixels(chain[:, -1])
-    hits = [any(read_counts(sampled[i * k + j]) == {c: p.fields["counts"].get(c, 0) for c in PALETTE} for j in range(k))
-            for i, p in enumerate(problems)]
-    return {"heldout_rows": len(problems), "heldout_prompts": len(set(prompts)), "greedy_accuracy": round(sum(right) / len(right), 4),
+    hits = [any(is_right(p, sampled[i * k + j]) for j in range(k)) for i, p in enumerate(problems)]
+    return {"heldout_rows": len(problems), "heldout_prompts": len({p.prompt for p in problems}), "greedy_accuracy": round(sum(right) / len(right), 4),
             f"pass@{k}": round(sum(hits) / len(hits), 4), "greedy_too_many": round(sum(d > 0 for d in surplus) / len(surplus), 4),
             "greedy_too_few": round(sum(d < 0 for d in surplus) / len(surplus), 4)}
 

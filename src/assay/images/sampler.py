@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from assay.devices import generator_for
+from assay.devices import generator_for, release_memory
 from assay.images.flow import FlowPolicy, sample_chain, seeded_noise, to_pixels
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id
 from assay.types import Sample, Trajectory
@@ -88,13 +88,14 @@ class ImageSampler:
         self.model, self.version = model, version
 
     def sleep(self) -> None:
-        pass
+        """Between rollout and update: what sampling cached on the device goes back to it."""
+        release_memory(self.device)
 
     def wake(self) -> None:
-        pass
+        """Nothing to take back: the weights are the learner's own."""
 
     def close(self) -> None:
-        pass
+        release_memory(self.device)
 
 
 @SAMPLERS.register("image")
