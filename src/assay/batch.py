@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from assay.types import RewardResult, Trajectory
+from assay.vision.inputs import VisionInputs
 
 
 @dataclass
@@ -37,6 +38,9 @@ class Batch:
     # [B, K+1, ...] what a policy whose actions are not tokens recomputes its step likelihoods from (an image policy's
     # denoising chains, `assay.images`); None for a language model
     actions: torch.Tensor | None = None
+    # each row's prompt pictures as the model's processor made them (`assay.vision.inputs.VisionInputs`: `kwargs()` is what
+    # the forward takes besides the tokens); None when no row has pictures
+    vision: VisionInputs | None = None
 
     @property
     def response_len(self) -> int:
@@ -74,6 +78,8 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
     comps = [[float(r.components.get(k, float("nan"))) for k in names] for r in results]
     acts = [t.info.get("actions") for t in trajs]
     actions = torch.from_numpy(np.stack(acts)).to(device) if all(a is not None for a in acts) else None
+    pictures = [t.info.get("vision") for t in trajs]
+    vision = VisionInputs.collate(pictures, device) if any(p is not None for p in pictures) else None
     ids_t = torch.tensor(ids, dtype=torch.long, device=device)
     attn_t = torch.tensor(attn, dtype=torch.long, device=device)
     mask = torch.tensor(loss, dtype=torch.float32, device=device)
@@ -83,7 +89,7 @@ def collate(trajs: list[Trajectory], results: list[RewardResult], pad_id: int, d
         torch.tensor([float("nan") if r.score is None else float(r.score) for r in results], dtype=torch.float32, device=device),
         torch.tensor([t.group for t in trajs], dtype=torch.long, device=device),
         torch.tensor(comps, dtype=torch.float32, device=device).reshape(B, len(names)),
-        actions=actions,
+        actions=actions, vision=vision,
     )
 
 

@@ -97,7 +97,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          chat_template_kwargs=_yaml_arg(args.chat_template_kwargs, "--chat-template-kwargs"),
                          chat_template=args.chat_template, run=args.run, reward=args.reward, n=args.n, k=args.k,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, backend=args.backend, device=args.device,
-                         seed=args.seed, workers=args.workers, server_url=args.server_url, env=_yaml_arg(args.env, "--env"))
+                         seed=args.seed, workers=args.workers, server_url=args.server_url, env=_yaml_arg(args.env, "--env"),
+                         images=args.images)
     if args.json:
         print(json.dumps(out))
     else:
@@ -438,6 +439,8 @@ def _eval_parser(sub) -> None:
                    "highest, and report its verified accuracy against n = 1, 2, 4, ..., N with pass@n and maj@n (docs/reward-models.md)")
     e.add_argument("--verifier", default=None, help="with --best-of: the reward that checks the picked answer (default: the task's, format's or run's)")
     e.add_argument("--out", default="bestof", metavar="DIR", help="with --best-of: folder for bestof.json and bestof.png (default ./bestof)")
+    e.add_argument("--images", default="keep", choices=["keep", "blank", "shuffle"],
+                   help="prompts with pictures: keep them (default), blank them, or give each row the next row's (does the policy look?)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_eval)
 

@@ -441,6 +441,9 @@ class MonitorConfig(Section):
     """Completions re-scored per check."""
     canary_z: float = Field(1.0, gt=0.0)
     """`canary` fires when the training reward rose (z ≥ `z`) while the canary fell by at least this z."""
+    blind_reliance: float = Field(0.05, ge=0.0, le=1.0)
+    """`blind` (prompts with pictures) fires when held-out accuracy rose by `accuracy_drop` over the first evaluation while
+    it is at most this far above the same questions asked about other rows' pictures (`eval/image_reliance`)."""
     canary_corr_drop: float = Field(0.3, gt=0.0)
     """... or when the correlation of the training reward with the canary (per check, on the same completions), averaged
     over the last max(3, window/2) checks, fell at least this much below its average over the first `window` checks."""

@@ -22,6 +22,7 @@ from assay.data.tasks.base import Task
 from assay.errors import AssayError
 from assay.log import log
 from assay.types import Sample
+from assay.vision.inputs import jsonable, resolve_images
 
 CORE_FIELDS = ("prompt", "answer", "id")
 
@@ -161,7 +162,7 @@ def samples_from(path: str, data) -> list[Sample]:
         fields = {}
         if skipped:
             log.warning(f"{path}: {skipped} rows have no tests and are left out (data.format={data.format})")
-    return as_chat(rows_to_samples(rows, fields, path), data, path)
+    return as_chat(resolve_images(rows_to_samples(rows, fields, path), Path(path).parent if Path(path).is_file() else Path(path), path), data, path)
 
 
 def data_reward(data) -> str | dict[str, Any] | None:
@@ -279,8 +280,8 @@ class PromptLimit:
 
 
 def prompt_key(sample: Sample) -> str:
-    """What makes two rows the same problem: the prompt (JSON for a list of chat messages)."""
-    return sample.prompt if isinstance(sample.prompt, str) else json.dumps(sample.prompt, sort_keys=True)
+    """What makes two rows the same problem: the prompt (JSON for a list of chat messages, a picture by its pixels' digest)."""
+    return sample.prompt if isinstance(sample.prompt, str) else json.dumps(jsonable(sample.prompt), sort_keys=True)
 
 
 def split_heldout(rows: list[Sample], fraction: float, seed: int, source: str) -> tuple[list[Sample], list[Sample]]:

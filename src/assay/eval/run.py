@@ -86,7 +86,7 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
                    chat_template_kwargs: dict | None = None, chat_template: str | None = None, run: str | None = None,
                    reward: Any = None, n: int = 500, k: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
                    backend: str = "torch", device: str = "cpu", seed: int = 0, workers: int = 2, timeout: float = 5.0,
-                   server_url: str | None = None, env: Any = None) -> dict[str, Any]:
+                   server_url: str | None = None, env: Any = None, images: str = "keep") -> dict[str, Any]:
     """Greedy accuracy, pass@k and mean length of `model` on a task, a data file or a run's held-out data.
 
     Args:
@@ -106,6 +106,8 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
             and, for `openai`, the server (it is given `model`'s weights when it takes them).
         env: an environment (a name, `module:attr` or an `env:` block; default: the run's):
             each problem is an episode, scored by the `episode` reward unless `reward` is given.
+        images: for prompts with pictures, `keep` them, `blank` them (black pictures of the same size) or
+            `shuffle` them (each row gets the next row's): the controls that show whether a policy uses the pictures.
     Returns:
         `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`; with an
         environment also `env`, `turns_mean` and `tool_calls_per_episode` (over every
@@ -124,6 +126,16 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
     problems, reward_spec, own, what, model, sampler, max_new_tokens = _prepare(
         model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
         max_new_tokens, backend, device, seed, server_url, env)
+    if images != "keep":
+        from assay.vision.inputs import PICTURE_CONTROLS, has_images
+
+        if images not in PICTURE_CONTROLS:
+            sampler.close()
+            raise AssayError(f"eval: --images {images!r}; allowed: {', '.join(PICTURE_CONTROLS)}")
+        if not any(has_images(p) for p in problems):
+            sampler.close()
+            raise AssayError(f"eval: --images {images} applies to prompts with pictures, and none of these {len(problems)} has one")
+        problems, what["images"] = PICTURE_CONTROLS[images](problems), images
     try:
         with ExitStack() as stack:
             ex = stack.enter_context(RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout))
@@ -147,7 +159,7 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
     `evaluate_model` and `evaluate_best_of` share."""
     from assay.config import DataConfig
     from assay.data.datasets import PromptLimit
-    from assay.models import load_policy
+    from assay.models import context_length, load_policy
     from assay.rollout.base import make_sampler
     from assay.rollout.multiturn import episode_sampler
 
@@ -177,7 +189,7 @@ def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, 
         chat_template = run_cfg.model.chat_template
     model = model or (_run_model(run) if run else "tiny-arith")
     policy, tokenizer = load_policy(model, device, chat_template=chat_template)
-    context = getattr(policy.config, "max_position_embeddings", None)
+    context = context_length(policy)
     if context:  # the training-time rule: a prompt and its completion fit the model, else one line naming the prompt
         problems = PromptLimit(tokenizer, context - max_new_tokens, "error", context).apply(problems, "eval data")
     rollout = None

@@ -23,6 +23,7 @@ import torch
 from assay.devices import generator_for
 from assay.images.flow import FlowConfig, FlowPolicy, from_pixels, sample_chain, to_pixels
 from assay.data.tasks.shapes import Shapes
+from assay.recipes.loop import fit
 from assay.images.shapes import PALETTE, SIZE, draw, is_right, read_counts
 
 #: words besides the palette's colours (numbers up to 9, a few words for prompts of one's own)
@@ -81,8 +82,6 @@ def demonstrated(counts: dict[str, int], noise: float, rng: random.Random) -> di
 
 def build_image_model(name: str, recipe: dict[str, Any], out_dir: Path, seed: int, log=print) -> Path:
     """Train the recipe's `FlowPolicy` and save it with its tokenizer and `eval.json` to `out_dir`."""
-    from rich.progress import Progress
-
     torch.set_num_threads(recipe.get("threads", 1))
     torch.manual_seed(seed)
     tok = build_word_tokenizer()
@@ -90,31 +89,21 @@ def build_image_model(name: str, recipe: dict[str, Any], out_dir: Path, seed: in
     task = Shapes(**recipe.get("task_args", {}))
     train = recipe["train"]
     noise = recipe.get("noise", 0.0)
-    opt = torch.optim.AdamW(model.parameters(), lr=train["lr"], weight_decay=train.get("weight_decay", 0.0))
-    warm = train.get("warmup", 0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     rng, gen = random.Random(seed), torch.Generator(device="cpu").manual_seed(seed)
     # the recipe may draw from every prompt (the RL run's held-out prompts are then held out from RL, not from the picture model)
     stream = task.stream("train", seed) if not train.get("all_prompts") else (task.make(rng) for _ in itertools.count())
     start = time.time()
-    model.train()
-    with Progress(transient=True) as bar:
-        job = bar.add_task(f"pretrain {name}", total=train["steps"])
-        for step in range(train["steps"]):
-            batch = list(itertools.islice(stream, train["batch_size"]))
-            x0 = from_pixels([draw(demonstrated(s.fields["counts"], noise, rng), rng) for s in batch])
-            ids, mask = _encode(tok, [s.prompt for s in batch])
-            eps = torch.randn(x0.shape, generator=generator_for(gen, "cpu"), device="cpu")
-            t = torch.rand(x0.shape[0], generator=generator_for(gen, "cpu"), device="cpu")
-            xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps
-            loss = (model.velocity(xt, t, model.condition(ids, mask)) - (eps - x0)).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            bar.update(job, completed=step + 1, description=f"pretrain {name} loss {loss.item():.4f}")
-    model.eval()
+
+    def loss_at(step: int) -> torch.Tensor:
+        batch = list(itertools.islice(stream, train["batch_size"]))
+        x0 = from_pixels([draw(demonstrated(s.fields["counts"], noise, rng), rng) for s in batch])
+        ids, mask = _encode(tok, [s.prompt for s in batch])
+        eps = torch.randn(x0.shape, generator=generator_for(gen, "cpu"), device="cpu")
+        t = torch.rand(x0.shape[0], generator=generator_for(gen, "cpu"), device="cpu")
+        xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps
+        return (model.velocity(xt, t, model.condition(ids, mask)) - (eps - x0)).square().mean()
+
+    fit(model, train, name, loss_at)
     ev = recipe.get("eval", {})
     result = evaluate(model, tok, task, ev.get("n", 200), ev.get("k", 8), seed)
     out_dir.mkdir(parents=True, exist_ok=True)

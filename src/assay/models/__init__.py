@@ -7,6 +7,7 @@ Hugging Face causal LM folder can take their place.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,25 @@ def quiet_hf() -> None:
         pass
 
 
+def text_config(model):
+    """The config of `model`'s language model: its own, or a vision-language model's `text_config` (context length, vocabulary)."""
+    cfg = model.config
+    get = getattr(cfg, "get_text_config", None)
+    return get() if callable(get) else cfg
+
+
+def context_length(model) -> int | None:
+    """How many positions the policy's language model takes (`max_position_embeddings`), or None when its config does not say."""
+    n = getattr(text_config(model), "max_position_embeddings", None)
+    return int(n) if n else None
+
+
+def save_tokenizer(tokenizer, folder) -> None:
+    """Write `tokenizer` to a model folder: with its processor (`tokenizer.processor`, a vision-language model's) when it has one."""
+    processor = getattr(tokenizer, "processor", None)
+    (processor if processor is not None else tokenizer).save_pretrained(folder)
+
+
 def read_chat_template(template: str) -> str:
     """A chat template given as a Jinja file or as the template text itself."""
     path = Path(os.path.expanduser(template))
@@ -125,6 +145,37 @@ def read_chat_template(template: str) -> str:
     if "{{" in template or "{%" in template:
         return template
     raise AssayError(f"model.chat_template={template!r} is neither a file nor Jinja template text")
+
+
+def is_vision_policy(folder: Path) -> bool:
+    """True for a Hugging Face folder of a vision-language model (its config has a `vision_config`)."""
+    try:
+        return "vision_config" in json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def load_vision_policy(folder: Path, device: str = "cpu", dtype: str = "float32", chat_template: str | None = None) -> tuple[Any, Any]:
+    """`(model, tokenizer)` of a VLM folder; the tokenizer carries the folder's processor as `tokenizer.processor`."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(folder)
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise AssayError(f"cannot load the vision-language model in {str(folder)!r}: {str(e).splitlines()[0]}") from None
+    tok = processor.tokenizer
+    if chat_template is not None:
+        processor.chat_template = read_chat_template(chat_template)
+    if getattr(processor, "chat_template", None):
+        tok.chat_template = processor.chat_template
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.processor = processor
+    model.policy_kind = "vision"
+    return model.to(device), tok
 
 
 def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_template: str | None = None) -> tuple[Any, Any]:
@@ -146,6 +197,8 @@ def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_tem
         from assay.images.flow import load_image_policy
 
         return load_image_policy(folder, device, dtype)
+    if is_vision_policy(folder):  # a vision-language model (docs/multimodal.md): prompts may hold pictures
+        return load_vision_policy(folder, device, dtype, chat_template)
     if is_adapter_folder(folder):
         return merge_adapter(folder, *load_policy(base_path(folder), device, dtype, chat_template), chat_template)
     try:

@@ -25,6 +25,7 @@ import torch
 
 from assay.models.llama import FAMILY, batch_supported as forward_supported, prefix_hidden, sharded
 from assay.models.lora import AdapterOff
+from assay.vision.inputs import placeholder_ids
 
 if TYPE_CHECKING:
     from assay.batch import Batch
@@ -128,6 +129,14 @@ def token_logprobs(model, batch: "Batch", temperature: float = 1.0, with_entropy
         return own(batch, temperature, with_entropy)
     T = batch.response_len
     targets = batch.input_ids[:, -T:]  # [B, T]
+    banned = placeholder_ids(model)
+    if batch.vision is not None or banned:  # a VLM: its own forward, given the pictures; placeholders masked as the samplers do
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1,
+                    **(batch.vision.kwargs() if batch.vision is not None else {}))
+        logits = out.logits[:, :-1].float()
+        if banned:
+            logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+        return _from_logits(logits, targets, temperature, with_entropy, entropy_grad)
     weight = None if entropy_grad else _fused_head(model)
     if weight is not None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
         weight = None
@@ -142,10 +151,16 @@ def token_logprobs(model, batch: "Batch", temperature: float = 1.0, with_entropy
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1)
         logits = out.logits[:, :-1].float()  # [B, T, V]
+    return _from_logits(logits, targets, temperature, with_entropy, entropy_grad)
+
+
+def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                 entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs `[B, T]` of `targets` under `logits [B, T, V]` at `temperature`, and the entropy when asked."""
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
     lp = logp.gather(-1, targets[..., None])[..., 0]
     ent = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = -(logp.exp() * logp).sum(-1)  # [B, T]
+            ent = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)  # [B, T]; a masked-out token adds 0, not 0·(−∞)
     return lp, ent

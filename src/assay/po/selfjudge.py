@@ -27,6 +27,7 @@ import urllib.error
 from typing import Any, Iterator
 
 from assay.jsonhttp import BadRequest
+from assay.models import context_length
 from assay.rewards.judge_client import LOCAL
 from assay.rollout.serve_model import ModelService
 from assay.training.health import HealthGates
@@ -46,7 +47,7 @@ class LivePolicy(ModelService):
     def __init__(self, model, tokenizer, name: str = "policy", max_new_tokens: int = 256):  # noqa: D107 (no loading: the model is given)
         self.model, self.tokenizer, self.name, self.max_new_tokens = model, tokenizer, name, max_new_tokens
         self.device = next(model.parameters()).device
-        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self.context = context_length(model) or 0
         self.requests = 0
         self._lock = threading.Lock()
 

@@ -171,9 +171,9 @@ def _lr_lambda(warmup: int):
 
 
 def _restore(ckpt: Path, model, opt, sched) -> int:
-    from safetensors.torch import load_file
+    from assay.training.checkpoint import load_weights
 
-    model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+    load_weights(model, ckpt)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     state = load_state(ckpt)
@@ -218,7 +218,7 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
              overrides: list[str] | None = None, progress: bool = False) -> POResult:
     """Train a policy on preference rows as `cfg` says, continue the run folder `resume` (with `overrides` from
     `SAFE_ON_RESUME`), or start the run in `restart`, one that stopped before its first checkpoint, again."""
-    from assay.models import load_policy
+    from assay.models import context_length, load_policy
     from assay.rollout.base import pad_id
 
     started = time.perf_counter()
@@ -228,7 +228,7 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype, cfg.chat_template)
     device = next(model.parameters()).device
     objective = Objective(cfg.loss, cfg.loss_args, pad_id(tok), device, cfg.train.fast_forward, cfg.train.micro_batch)
-    rows, held = load_rows(cfg, tok, getattr(model.config, "max_position_embeddings", None))
+    rows, held = load_rows(cfg, tok, context_length(model))
     objective.check_rows(rows, str(cfg.data.path))
     weights = MasterWeights(model.parameters(), lambda ps: torch.optim.AdamW(
         ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=cfg.optim.fused and device.type in ("cpu", "cuda")))

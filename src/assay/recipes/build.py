@@ -96,6 +96,10 @@ def build_bundled(name: str, out: str | None = None, seed: int | None = None, lo
         from assay.images.recipe import build_image_model
 
         return build_image_model(name, recipe, out_dir, seed, log)
+    if recipe.get("kind") == "vision":  # a vision-language model (assay.vision.recipe)
+        from assay.vision.recipe import build_vision_model
+
+        return build_vision_model(name, recipe, out_dir, seed, log)
     torch.set_num_threads(recipe.get("threads", 1))  # one thread: the same weights on any machine
     task = make_task(recipe["task"], **recipe["task_args"])
     if recipe.get("base"):

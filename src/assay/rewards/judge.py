@@ -37,7 +37,7 @@ from collections import defaultdict
 from typing import Any
 
 from assay.rewards.base import REWARDS, Reward
-from assay.rewards.judge_client import JudgeClient, Reply
+from assay.rewards.judge_client import JudgeClient, Pictured, Reply
 from assay.types import RewardResult, Trajectory
 
 MODES = ("pointwise", "pairwise", "groupwise")
@@ -71,9 +71,24 @@ def render(template: str, **values: Any) -> str:
 
 
 def prompt_text(traj: Trajectory) -> str:
-    """The prompt as text: a conversation becomes `role: content` lines."""
+    """The prompt as text: a conversation becomes `role: content` lines (a picture in it, `<image>`)."""
     p = traj.sample.prompt
-    return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in p) if isinstance(p, list) else str(p)
+    return "\n".join(f"{m.get('role')}: {_content_text(m.get('content'))}" for m in p) if isinstance(p, list) else str(p)
+
+
+def _content_text(content: Any) -> str:
+    if not isinstance(content, list):
+        return str(content)
+    return "".join("<image>" if isinstance(p, dict) and p.get("type") == "image" else str(p.get("text", "")) if isinstance(p, dict) else str(p)
+                   for p in content)
+
+
+def with_pictures(traj: Trajectory, text: str) -> str | Pictured:
+    """`text`, with the pictures of `traj`'s prompt when it has any (the judge then sees what the policy saw)."""
+    from assay.vision.inputs import data_url, image_parts
+
+    parts = image_parts(traj.sample.prompt)
+    return Pictured(text, tuple(data_url(p["image"]) for p in parts)) if parts else text
 
 
 def parse_rating(text: str, low: float, high: float, pattern: str | None = None) -> float | None:
@@ -123,6 +138,8 @@ class Judge(Reward):
     Args:
         url, model, api, system, max_tokens, temperature, seed, stop, timeout, retries, backoff,
             concurrency, cache, cache_dir, api_key_env: the server and its requests (`JudgeClient`).
+        pictures: send the prompt's pictures with each judge prompt (OpenAI `image_url` parts; needs `api=chat` and a
+            judge that takes pictures), so the judge sees what the policy saw; false: the text alone, pictures as `<image>`.
         mode: `pointwise`, `pairwise` or `groupwise`.
         template: the judge prompt; `{prompt}`, `{answer}` and, by mode, `{completion}` (pointwise),
             `{a}`/`{b}` (pairwise), `{completions}`/`{n}` (groupwise), `{low}`/`{high}` are filled in.
@@ -143,7 +160,8 @@ class Judge(Reward):
                  swap: bool = False, labels: list[str] | None = None, batch_timeout: float | None = None, api: str = "chat",
                  system: str | None = None, max_tokens: int = 64, temperature: float = 0.0, seed: int | None = None,
                  stop: list[str] | str | None = None, timeout: float = 30.0, retries: int = 2, backoff: float = 0.5,
-                 concurrency: int = 8, cache: bool = True, cache_dir: str | None = None, api_key_env: str | None = None):
+                 concurrency: int = 8, cache: bool = True, cache_dir: str | None = None, api_key_env: str | None = None,
+                 pictures: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if against not in AGAINST:
@@ -168,7 +186,7 @@ class Judge(Reward):
             raise ValueError(f"batch_timeout must be > 0 seconds, got {batch_timeout}")
         self.mode, self.template, self.low, self.high, self.pattern = mode, template, float(low), float(high), pattern
         self.against, self.reference_field, self.swap, self.labels = against, reference_field, bool(swap), labels
-        self.batch_timeout = batch_timeout
+        self.batch_timeout, self.pictures = batch_timeout, bool(pictures)
         self._client = JudgeClient(url, model=model, api=api, system=system, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                    stop=stop, timeout=timeout, retries=retries, backoff=backoff, concurrency=concurrency, cache=cache,
                                    cache_dir=cache_dir, api_key_env=api_key_env)
@@ -199,9 +217,13 @@ class Judge(Reward):
                 "high": _num(self.high)}
 
     def _pointwise(self, batch: list[Trajectory]) -> list[RewardResult]:
-        return self.rate([render(self.template, **self.values(t), completion=t.completion) for t in batch])
+        return self.rate([self.ask_form(t, render(self.template, **self.values(t), completion=t.completion)) for t in batch])
 
-    def rate(self, prompts: list[str]) -> list[RewardResult]:
+    def ask_form(self, traj: Trajectory, text: str) -> str | Pictured:
+        """What is asked about `traj`: the rendered `text`, with the prompt's pictures unless `pictures=False`."""
+        return with_pictures(traj, text) if self.pictures else text
+
+    def rate(self, prompts: list[str | Pictured]) -> list[RewardResult]:
         """One pointwise result per judge prompt: the rating scaled to [0, 1], or unscored with the reason."""
         replies = self._client.ask_many(prompts, self.batch_timeout)
         out = []
@@ -243,7 +265,7 @@ class Judge(Reward):
             a, b = batch[i].completion, (str(self._reference(batch[i])) if j is None else batch[j].completion)
             v = self.values(batch[i])
             for swapped in ((False, True) if self.swap else (False,)):
-                prompts.append(render(self.template, **v, a=b if swapped else a, b=a if swapped else b))
+                prompts.append(self.ask_form(batch[i], render(self.template, **v, a=b if swapped else a, b=a if swapped else b)))
                 asks.append((p, swapped))
         replies = self._client.ask_many(prompts, self.batch_timeout)
         verdicts: dict[int, list[float | Reply | str]] = defaultdict(list)  # pair -> outcomes for its first item
@@ -273,7 +295,7 @@ class Judge(Reward):
         prompts = []
         for members in asked:
             listing = "\n\n".join(f"[Response {k + 1}]\n{batch[i].completion}" for k, i in enumerate(members))
-            prompts.append(render(self.template, **self.values(batch[members[0]]), completions=listing, n=len(members)))
+            prompts.append(self.ask_form(batch[members[0]], render(self.template, **self.values(batch[members[0]]), completions=listing, n=len(members))))
         for members, r in zip(asked, self._client.ask_many(prompts, self.batch_timeout)):
             ranking = None if r.text is None else parse_ranking(r.text, len(members))
             g = len(members)

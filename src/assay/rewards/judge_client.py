@@ -41,7 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 #: in-process models a judge asks through `url: local://NAME`: NAME -> (route, body) -> the reply body
 LOCAL: dict[str, Callable[[str, dict[str, Any]], Any]] = {}
@@ -60,6 +60,13 @@ class Reply:
     error: str | None = None
     cached: bool = False
     attempts: int = 0
+
+
+class Pictured(NamedTuple):
+    """A judge prompt with pictures: its text and each picture as a `data:` URL (sent as OpenAI `image_url` parts before the text)."""
+
+    text: str
+    pictures: tuple[str, ...]
 
 
 class JudgeClient:
@@ -118,11 +125,16 @@ class JudgeClient:
     def route(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
 
-    def body(self, prompt: str) -> dict[str, Any]:
-        """The JSON request for `prompt`."""
+    def body(self, prompt: str | Pictured) -> dict[str, Any]:
+        """The JSON request for `prompt` (a `Pictured` prompt's pictures go first in the user message, as `image_url` parts)."""
         body: dict[str, Any] = {} if self.model is None else {"model": self.model}
+        content: Any = prompt
+        if isinstance(prompt, Pictured):
+            if self.api != "chat":
+                raise ValueError("a judge prompt with pictures needs api=chat (the completions API takes text only)")
+            content = [*({"type": "image_url", "image_url": {"url": url}} for url in prompt.pictures), {"type": "text", "text": prompt.text}]
         if self.api == "chat":
-            body["messages"] = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": prompt}]
+            body["messages"] = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": content}]
         else:
             body["prompt"] = prompt
         body.update(max_tokens=self.max_tokens, temperature=self.temperature)
@@ -134,7 +146,7 @@ class JudgeClient:
 
     # ---------------------------------------------------------------- asking
 
-    def ask(self, prompt: str) -> Reply:
+    def ask(self, prompt: str | Pictured) -> Reply:
         """The judge's reply to `prompt` (from the cache when it holds it); never raises."""
         try:
             body = self.body(prompt)
@@ -151,7 +163,7 @@ class JudgeClient:
         except Exception as e:  # a bug here fails one prompt, never the batch
             return Reply(None, "http_error", f"{type(e).__name__}: {e}".splitlines()[0])
 
-    def ask_many(self, prompts: list[str], deadline: float | None = None) -> list[Reply]:
+    def ask_many(self, prompts: list[str | Pictured], deadline: float | None = None) -> list[Reply]:
         """One reply per prompt, equal prompts asked once; prompts unanswered after `deadline` seconds get reason `timeout`."""
         if not prompts:
             return []

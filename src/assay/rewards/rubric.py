@@ -202,7 +202,8 @@ class Rubric(Reward):
                 for c in self.criteria if not c.deterministic]
         if todo:
             assert self._judge is not None
-            prompts = [render(self._judge.template, **self._judge.values(batch[i]), completion=batch[i].completion, criterion=c.question)
+            prompts = [self._judge.ask_form(batch[i], render(self._judge.template, **self._judge.values(batch[i]), completion=batch[i].completion,
+                                                             criterion=c.question))
                        for i, c in todo]
             for (i, c), r in zip(todo, self._judge.rate(prompts)):
                 if i in done:

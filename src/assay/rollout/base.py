@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from assay.errors import AssayError
 from assay.registry import Registry
 from assay.types import Sample, Trajectory
+from assay.vision.inputs import encode_sample, has_images
 
 
 @dataclass
@@ -91,6 +92,9 @@ def make_sampler(backend: str, model: Any, tokenizer: Any, rollout: Any = None, 
         if backend not in ("torch", "image"):
             raise AssayError(f"rollout.backend={backend!r} samples language models; an image policy samples in process (leave rollout.backend at torch, or image)")
         backend = "image"
+    if getattr(model, "policy_kind", "text") == "vision" and backend == "openai":
+        raise AssayError("rollout.backend=openai sends token ids to a server, and a prompt's pictures have no place in that request yet; "
+                         "a vision-language policy samples with rollout.backend=torch or vllm (docs/multimodal.md)")
     return check_backend(backend)(model, tokenizer, rollout, device)
 
 
@@ -100,11 +104,14 @@ def encode_prompt(tokenizer: Any, sample: Sample) -> list[int]:
     Its `prompt_ids` when set; a conversation (a list of messages) rendered by the
     tokenizer's own chat template with the generation prompt added (`apply_chat_template`,
     with `sample.template_args`; a final assistant message is continued instead); plain
-    text encoded as it is, with no special tokens added. Every backend and every length
+    text encoded as it is, with no special tokens added; a conversation with pictures through the
+    tokenizer's processor (`assay.vision.inputs.encode_sample`). Every backend and every length
     check goes through this one function, so what is measured is what is sampled.
     """
     if sample.prompt_ids is not None:
         return list(sample.prompt_ids)
+    if has_images(sample):  # pictures go through the model's processor, which expands each into its image tokens
+        return encode_sample(tokenizer, sample)[0]
     if isinstance(sample.prompt, str):
         return tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
     return render_chat(tokenizer, sample.prompt, sample.template_args or {}, sample.id)

@@ -49,13 +49,16 @@ def cache_arg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor):
-    """The model's own forward over left-padded prompts: next-token logits `[U, V]` and the filled `DynamicCache`."""
+def hf_prefill(model, ids: torch.Tensor, mask: torch.Tensor, **inputs):
+    """The model's own forward over left-padded prompts: next-token logits `[U, V]` and the filled `DynamicCache`.
+
+    `inputs` go to the forward as they are (a vision-language model's `pixel_values`).
+    """
     from transformers import DynamicCache
 
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_arg(model): cache})
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_arg(model): cache}, **inputs)
     return out.logits[:, -1], cache
 
 

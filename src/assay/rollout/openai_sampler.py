@@ -32,11 +32,13 @@ import torch
 from assay.devices import generator_for
 from assay.errors import AssayError
 from assay.log import log
+from assay.models import text_config
 from assay.rollout.base import SamplingParams, encode_prompt
 from assay.rollout.http import JsonClient
 from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, tolerance_for
 from assay.rollout.weight_transfer import BACKEND, encode_chunks
 from assay.types import Sample, Trajectory
+from assay.vision.inputs import placeholder_ids
 
 
 class OpenAISampler:
@@ -57,7 +59,7 @@ class OpenAISampler:
         self.pool = ThreadPoolExecutor(max_workers=rollout.max_concurrency, thread_name_prefix="assay-openai")
         self.served = rollout.server_model or self._first_model()
         self.verify, self.tolerance = rollout.verify_sync, tolerance_for(model, rollout.sync_tolerance)
-        self.probe = probe_ids(model.config.vocab_size)
+        self.probe = probe_ids(text_config(model).vocab_size, avoid=placeholder_ids(model))
         self.model, self.version, self.learner_version = model, 0, 0
         self._metrics: dict[str, float] = {}
         self._checked_temperature = False

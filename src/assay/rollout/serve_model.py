@@ -11,7 +11,10 @@ at a time (a lock), on the device given (CPU by default); `post` blocks, so the 
   `temperature` (0: greedy), `top_p`, `n`, `seed`, `stop` (a string or a list of them) ->
   `{"choices": [{"index", "text", "finish_reason", "logprobs": null}], "usage": {...}}`.
 * `POST /v1/chat/completions` with `messages`, rendered by the tokenizer's chat template
-  (generation prompt added); a model without a template is a 400 that says so.
+  (generation prompt added); a model without a template is a 400 that says so. A message's
+  `content` may be a list of OpenAI parts: `text`, and `image_url` with a `data:` URL, which a
+  vision-language model (docs/multimodal.md) sees through its processor; a picture sent to a text
+  model, or by an http URL (the server fetches nothing), is a 400.
 * `GET /health` -> `{"status": "ok", "model", "requests"}`.
 
 `finish_reason` is `stop` when the model sampled EOS or the text reached a stop string (cut
@@ -32,6 +35,7 @@ from typing import Any, Callable
 
 from assay.errors import AssayError
 from assay.jsonhttp import BadRequest, need_uvicorn, serve_until_signal
+from assay.models import context_length
 
 MAX_BODY = 8 * 2**20  # bytes: a larger request body is refused (413)
 MAX_N = 64  # most completions in one request
@@ -84,7 +88,7 @@ class ModelService:
         self.model.eval()
         self.name = name or path  # as vLLM names a model: the path as given
         self.max_new_tokens, self.device = max_new_tokens, device
-        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        self.context = context_length(self.model) or 0
         self.requests = 0
         self._lock = threading.Lock()  # one generate at a time: the model is not shared between threads
 
@@ -110,7 +114,7 @@ class ModelService:
         if model is not None and model != self.name:
             raise BadRequest(f"model {model!r} is not served here; served: {self.name!r}", 404)
         chat = path == "/v1/chat/completions"
-        ids = self._chat_ids(body) if chat else self._prompt_ids(body)
+        ids, vision = self._chat_ids(body) if chat else (self._prompt_ids(body), None)
         n = _number(body, "n", 1, 1, MAX_N, integer=True)
         max_tokens = min(_number(body, "max_tokens", 16, 1, 2**31, integer=True), self.max_new_tokens)
         temperature = _number(body, "temperature", 1.0, 0.0, 100.0)
@@ -121,7 +125,7 @@ class ModelService:
         stops = _stops(body)
         if self.context and len(ids) + max_tokens > self.context:
             raise BadRequest(f"the prompt's {len(ids)} tokens + max_tokens {max_tokens} exceed the model's context of {self.context} tokens")
-        outs = self._generate(ids, n, max_tokens, temperature, top_p, seed)
+        outs = self._generate(ids, n, max_tokens, temperature, top_p, seed, vision)
         choices, produced = [], 0
         for i, out in enumerate(outs):
             produced += len(out)
@@ -155,23 +159,37 @@ class ModelService:
             raise BadRequest("'prompt' is empty")
         return ids
 
-    def _chat_ids(self, body: dict[str, Any]) -> list[int]:
+    def _chat_ids(self, body: dict[str, Any]) -> tuple[list[int], dict[str, Any] | None]:
+        """The prompt ids of a chat request, and the processor's outputs when its messages hold pictures."""
+        from assay.types import Sample
+        from assay.vision.inputs import encode_sample, image_parts
+
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
-            raise BadRequest("'messages' must be a non-empty list of {role, content} objects with string values")
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list)) for m in messages):
+            raise BadRequest("'messages' must be a non-empty list of {role, content} objects, each content a string or a list of parts")
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest(f"model {self.name!r} has no chat template; use /v1/completions, or start the server with --chat-template FILE")
+        messages = [{**m, "content": _parts(m["content"], i)} for i, m in enumerate(messages)]
+        if any(image_parts(messages)):
+            if getattr(self.tokenizer, "processor", None) is None:
+                raise BadRequest(f"model {self.name!r} is a language model and takes no pictures; send text parts only")
+            try:
+                return encode_sample(self.tokenizer, Sample("request", messages))
+            except AssayError as e:
+                raise BadRequest(str(e).splitlines()[0]) from None
+        messages = [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m["content"], list) else m for m in messages]
         try:
             out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         except Exception as e:  # a template's own errors (raise_exception, a role it does not know)
             raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}".splitlines()[0]) from None
-        return list(out["input_ids"])
+        return list(out["input_ids"]), None
 
     # ---------------------------------------------------------------- generation
 
-    def _generate(self, ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None) -> list[list[int]]:
-        """`n` completions of `ids`, each cut after its first EOS `[n][≤ max_tokens]`."""
+    def _generate(self, ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                  vision: dict[str, Any] | None = None) -> list[list[int]]:
+        """`n` completions of `ids`, each cut after its first EOS `[n][≤ max_tokens]`; `vision`: the prompt's pictures, as the processor made them."""
         import torch
 
         sample = temperature > 0
@@ -185,7 +203,8 @@ class ModelService:
         with self._lock, torch.no_grad():
             if seed is not None:
                 torch.manual_seed(seed)
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[:, len(ids):]  # [n, T]
+            pictures = {k: torch.as_tensor(v, device=self.device) for k, v in (vision or {}).items()}
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), **pictures, **kwargs)[:, len(ids):]  # [n, T]
             self.requests += 1
         rows = out.tolist() if sample else out.tolist() * n  # greedy: n copies of the one completion
         result = []
@@ -193,6 +212,34 @@ class ModelService:
             eos = self.tokenizer.eos_token_id
             result.append(row[: row.index(eos) + 1] if eos in row else row)
         return result
+
+
+def _parts(content: Any, i: int) -> Any:
+    """A message's content: a string as it is; a list of OpenAI parts as assay's (`text`, and `image` with the picture read
+    from an `image_url` part's `data:` URL); anything else a 400 naming the message."""
+    from assay.vision.inputs import load_image
+
+    if isinstance(content, str):
+        return content
+    out = []
+    for j, p in enumerate(content):
+        where = f"message {i + 1}, part {j + 1}"
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "text" and isinstance(p.get("text"), str):
+            out.append({"type": "text", "text": p["text"]})
+        elif kind == "image_url":
+            url = p.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str) or not url.startswith("data:"):  # never a path on this machine, never a fetch
+                raise BadRequest(f"{where}: an image_url part needs {{\"url\": \"data:image/png;base64,...\"}} (the server reads no files "
+                                 "and fetches no URLs)")
+            try:
+                out.append({"type": "image", "image": load_image(url, where)})
+            except AssayError as e:
+                raise BadRequest(str(e).splitlines()[0]) from None
+        else:
+            raise BadRequest(f"{where}: a part must be {{\"type\": \"text\", \"text\": ...}} or {{\"type\": \"image_url\", \"image_url\": {{\"url\": ...}}}}")
+    return out
 
 
 def serve_model(path: str, host: str = "127.0.0.1", port: int = 8000, name: str | None = None, max_new_tokens: int = 256,

@@ -22,19 +22,41 @@ from assay.errors import AssayError
 TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 
 
-def probe_ids(vocab_size: int, length: int = 24, seed: int = 0) -> list[int]:
-    """A fixed pseudo-random token sequence `[length]` (the same for every run of a model size)."""
+def probe_ids(vocab_size: int, length: int = 24, seed: int = 0, avoid: tuple[int, ...] = ()) -> list[int]:
+    """A fixed pseudo-random token sequence `[length]` (the same for every run of a model size).
+
+    `avoid`: ids the probe must not hold (a vision-language model's image placeholder, which its forward
+    replaces with picture features and so cannot take without a picture); each is moved to the next id.
+    """
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randint(0, vocab_size, (length,), device="cpu", generator=generator_for(gen, "cpu")).tolist()
+    ids = torch.randint(0, vocab_size, (length,), device="cpu", generator=generator_for(gen, "cpu")).tolist()
+    for _ in range(len(avoid) + 1):
+        ids = [(i + 1) % vocab_size if i in avoid else i for i in ids]
+    return ids
+
+
+
+def picture_probe():
+    """A fixed prompt with one picture (seeded noise, 32×32) for a vision-language policy's sync check: the text probe
+    does not pass through the vision tower, so a stale vision tower or stale cached picture features would go unseen."""
+    import numpy as np
+    from PIL import Image
+
+    from assay.types import Sample
+
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    return Sample("sync-probe", [{"role": "user", "content": [{"type": "image", "image": Image.fromarray(pixels)}, {"type": "text", "text": "1+2"}]}])
 
 
 @torch.no_grad()
-def learner_probe_logprobs(model: Any, ids: list[int]) -> list[float]:
-    """log p(ids[t] | ids[:t]) for t = 1 … L−1 under `model` at temperature 1 `[L − 1]`."""
+def learner_probe_logprobs(model: Any, ids: list[int], inputs: dict[str, Any] | None = None) -> list[float]:
+    """log p(ids[t] | ids[:t]) for t = 1 … L−1 under `model` at temperature 1 `[L − 1]`; `inputs`: a picture prompt's
+    processor outputs (`assay.vision.inputs.encode_sample`)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1].float()  # [L − 1, V]
+    extra = {k: torch.as_tensor(v, device=device) for k, v in (inputs or {}).items()}
+    logits = model(input_ids=torch.tensor([ids], device=device), **extra).logits[0, :-1].float()  # [L − 1, V]
     if was_training:
         model.train()
     lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]

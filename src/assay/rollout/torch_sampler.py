@@ -30,6 +30,7 @@ from assay.models.llama import supported
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id, stop_ids
 from assay.rollout.decoder import StaticDecoder, cache_arg, hf_prefill
 from assay.types import Sample, Trajectory
+from assay.vision.inputs import VisionInputs, encode_sample, has_images, placeholder_ids
 
 
 def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,14 +40,19 @@ def _left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tens
     return torch.tensor(ids, dtype=torch.long, device="cpu"), torch.tensor(mask, dtype=torch.long, device="cpu")
 
 
-def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None,
+          banned: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return (tokens [A], logprobs [A]) under the sampling temperature.
+
+    `banned`: token ids masked out of the distribution (a vision-language model's picture placeholders).
 
     The draw is the exponential race, argmax of p / q with q ~ Exp(1), which is how
     `torch.multinomial` draws one sample (the same tokens for the same generator state) but
     without its validity checks, which read values back from the device at every call.
     """
     logits = logits.float()
+    if banned is not None:
+        logits = logits.index_fill(-1, banned, float("-inf"))
     if params.temperature <= 0:
         logp = torch.log_softmax(logits, dim=-1)
         tok = logp.argmax(dim=-1)
@@ -70,8 +76,8 @@ class _HFStepper:
         self.model = model
         self.cache_arg = cache_arg(model)
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
-        logits, self.cache = hf_prefill(self.model, ids, mask)
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int, **inputs) -> torch.Tensor:
+        logits, self.cache = hf_prefill(self.model, ids, mask, **inputs)
         if repeat > 1:
             self.cache.batch_repeat_interleave(repeat)
         self.mask = mask.repeat_interleave(repeat, 0)
@@ -117,6 +123,8 @@ class TorchSampler:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.stop = torch.tensor(stop_ids(model, tokenizer), dtype=torch.long, device=self.device)  # EOS, end of turn
         self.pad_id = pad_id(tokenizer)
+        held = placeholder_ids(model)  # a VLM's picture placeholders: never sampled
+        self.banned = torch.tensor(held, dtype=torch.long, device=self.device) if held else None
         on_cpu = self.device.type == "cpu"
         self.fast = fast
         self.compact_frac = compact_frac if compact_frac is not None else (0.25 if on_cpu else 0.0)
@@ -158,6 +166,12 @@ class TorchSampler:
     def encode(self, samples: list[Sample]) -> list[list[int]]:
         return [encode_prompt(self.tokenizer, s) for s in samples]
 
+    def _encode_all(self, samples: list[Sample]) -> tuple[list[list[int]], list[dict | None]]:
+        """Each prompt's ids and, for a prompt with pictures, its processor outputs (`assay.vision.inputs`)."""
+        pairs = [encode_sample(self.tokenizer, s) if s.prompt_ids is None and has_images(s) else (encode_prompt(self.tokenizer, s), None)
+                 for s in samples]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
     @torch.no_grad()
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """Sample `n` completions per prompt; trajectories come grouped, prompt by prompt.
@@ -168,9 +182,10 @@ class TorchSampler:
         was_training = self.model.training
         if was_training:  # a Hugging Face model's train()/eval() walks every module: ~1 ms, so only when it changes
             self.model.eval()
-        prompt_ids = self.encode(samples)
+        prompt_ids, vision = self._encode_all(samples)
+        inputs = VisionInputs.collate(vision, self.device).kwargs() if any(v is not None for v in vision) else {}
         try:
-            tokens, logprobs, lengths = self._decode(prompt_ids, n, params, generator_for(generator, self.device))
+            tokens, logprobs, lengths = self._decode(prompt_ids, n, params, generator_for(generator, self.device), **inputs)
         finally:
             if was_training:
                 self.model.train()
@@ -181,7 +196,8 @@ class TorchSampler:
             g, k = row // n, lengths[row]
             ids_row = tokens[row][:k]
             text = self.tokenizer.decode(ids_row, skip_special_tokens=True)
-            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs[row][:k], finished[row], group=g, version=self.version))
+            info = {"vision": vision[g]} if vision[g] is not None else {}
+            trajs.append(Trajectory(samples[g], text, prompt_ids[g], ids_row, logprobs[row][:k], finished[row], group=g, version=self.version, info=info))
         return trajs
 
     def _capture(self, stepper: StaticDecoder, tok: torch.Tensor, pos: torch.Tensor):
@@ -194,14 +210,17 @@ class TorchSampler:
             self.cuda_graphs = False
             return False
 
-    def _decode(self, prompt_ids: list[list[int]], n: int, params: SamplingParams, gen: torch.Generator | None):
-        """Token ids `[B][steps]`, their logprobs and each row's length, as lists (the one read-back of the call)."""
+    def _decode(self, prompt_ids: list[list[int]], n: int, params: SamplingParams, gen: torch.Generator | None, **inputs):
+        """Token ids `[B][steps]`, their logprobs and each row's length, as lists (the one read-back of the call).
+
+        `inputs`: what else the model's forward takes for the prompts (a VLM's `pixel_values`), given at the prefill only.
+        """
         dev = self.device
         ids, mask = _left_pad(prompt_ids, self.pad_id)
-        fast = self.fast and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
+        fast = self.fast and not inputs and supported(self.model, max_len=ids.shape[1] + params.max_new_tokens) is None
         stepper = StaticDecoder(self.model, self.compile) if fast else _HFStepper(self.model)
         ids, mask = ids.to(dev), mask.to(dev)
-        logits = stepper.prefill(ids, mask, n, params.max_new_tokens)
+        logits = stepper.prefill(ids, mask, n, params.max_new_tokens, **inputs)
         if n > 1:
             logits = logits.repeat_interleave(n, 0)
         graphs = fast and self._graphs
@@ -215,7 +234,7 @@ class TorchSampler:
         running = torch.ones(total, dtype=torch.bool, device=dev)  # of those, not finished yet
         graph = None
         for step in range(steps):
-            tok, lp = _pick(logits, params, gen)
+            tok, lp = _pick(logits, params, gen, self.banned)
             # a finished row's column is padding: written as such, with no read-back of which rows run
             tokens[:, step].index_copy_(0, active, torch.where(running, tok, self.pad_id))
             logprobs[:, step].index_copy_(0, active, torch.where(running, lp, 0.0))

@@ -37,11 +37,13 @@ import torch
 
 from assay.devices import generator_for
 from assay.errors import AssayError
+from assay.models import context_length, save_tokenizer, text_config
 from assay.models.lora import merged_weights
-from assay.rollout.base import SamplingParams, encode_prompt
-from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, tolerance_for
+from assay.rollout.base import SamplingParams, encode_prompt, render_chat
+from assay.rollout.sync import check_sync, learner_probe_logprobs, picture_probe, probe_ids, tolerance_for
 from assay.training.dist import engine_weights, is_sharded
 from assay.types import Sample, Trajectory
+from assay.vision.inputs import encode_sample, has_images, image_parts, placeholder_ids
 
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 #: the engines alive in this process (ids of their samplers)
@@ -90,7 +92,7 @@ def engine_kwargs(model: Any, folder: str, device: torch.device, sleep: bool, ex
     kwargs: dict[str, Any] = {
         "model": folder, "load_format": "dummy", "skip_tokenizer_init": True, "dtype": DTYPES[dtype], "seed": 0,
         "logprobs_mode": "processed_logprobs", "generation_config": "vllm",
-        "max_model_len": int(getattr(model.config, "max_position_embeddings", 2048)),
+        "max_model_len": context_length(model) or 2048,
     }
     if device.type == "cpu":
         kwargs.update(enforce_eager=True, kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
@@ -119,16 +121,28 @@ class VLLMSampler:
         self.verify, self.tolerance = rollout.verify_sync, tolerance_for(model, rollout.sync_tolerance)
         self.sleep_mode = rollout.sleep if rollout.sleep is not None else self.device.type == "cuda"
         self.sleeping: set[str] = set()
-        self.probe = probe_ids(model.config.vocab_size)
+        self.probe = probe_ids(text_config(model).vocab_size, avoid=placeholder_ids(model))
+        self.vision = getattr(model, "policy_kind", "text") == "vision"
+        banned = set(placeholder_ids(model))  # never sampled (`assay.vision.inputs.placeholder_ids`)
+        self.allowed = [i for i in range(text_config(model).vocab_size) if i not in banned] if banned else None
         self._folder = tempfile.TemporaryDirectory(prefix="assay-vllm-")
         model.config.save_pretrained(self._folder.name)
-        kwargs = engine_kwargs(model, self._folder.name, self.device, self.sleep_mode, rollout.engine_args)
+        extra = dict(rollout.engine_args)
+        if self.vision:  # vLLM's multimodal processor needs the tokenizer and the processor's files (no skip_tokenizer_init)
+            save_tokenizer(tokenizer, self._folder.name)
+            extra = {"skip_tokenizer_init": False, "limit_mm_per_prompt": {"image": 4}, **extra}
+        kwargs = engine_kwargs(model, self._folder.name, self.device, self.sleep_mode, extra)
+        self.picture_probe = self._request(picture_probe()) if self.vision else None
         try:
             with process_state_kept():
                 self.llm = LLM(**kwargs)
         except (ValueError, RuntimeError, TypeError) as e:
             self._folder.cleanup()
-            raise AssayError(f"rollout.backend=vllm: the engine did not start: {str(e).splitlines()[0]}") from None
+            hint = ""
+            if self.vision and "failed to be inspected" in str(e):
+                hint = (" (vLLM could not import its implementation of this vision-language architecture; several, LLaVA and "
+                        "Qwen2-VL among them, need torchvision, which this environment lacks: install the torchvision that matches torch)")
+            raise AssayError(f"rollout.backend=vllm: the engine did not start: {str(e).splitlines()[0]}{hint}") from None
         _LIVE.add(id(self))
         self._metrics: dict[str, float] = {}
         self.version = -1
@@ -147,6 +161,8 @@ class VLLMSampler:
             weights = merged_weights(model)  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
+        if self.vision:  # and cached picture features were computed by the old vision tower
+            self.llm.llm_engine.reset_encoder_cache()
         self._wake(["kv_cache"])
         self.model, self.version = model, version
         self._metrics["engine/sync_s"] = time.perf_counter() - t0
@@ -154,17 +170,26 @@ class VLLMSampler:
             self._metrics.update(self.check(model))
 
     def check(self, model) -> dict[str, float]:
-        """The probe check against `model` (`assay.rollout.sync.check_sync`); raises when they differ."""
-        return check_sync(self.probe_logprobs(), learner_probe_logprobs(model, self.probe), self.tolerance, "vLLM engine", self.version)
+        """The probe check against `model` (`assay.rollout.sync.check_sync`); raises when they differ.
+
+        A vision-language policy's check also scores a fixed prompt with a picture (`picture_probe`), through the vision tower.
+        """
+        learner = learner_probe_logprobs(model, self.probe)
+        if self.picture_probe is not None:
+            learner += learner_probe_logprobs(model, self.picture_probe[0], self.picture_probe[1])
+        return check_sync(self.probe_logprobs(), learner, self.tolerance, "vLLM engine", self.version)
 
     def probe_logprobs(self) -> list[float]:
-        """The engine's log p(probe[t] | probe[:t]), t = 1 … L−1 (prompt logprobs: temperature 1)."""
+        """The engine's log p(probe[t] | probe[:t]), t = 1 … L−1 (prompt logprobs: temperature 1); then the picture probe's."""
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
         params = VSP(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=self.probe)], params, use_tqdm=False)[0]
-        return [step[tok].logprob for tok, step in zip(self.probe[1:], out.prompt_logprobs[1:])]
+        probes = [(self.probe, TokensPrompt(prompt_token_ids=self.probe))]
+        if self.picture_probe is not None:
+            probes.append((self.picture_probe[0], self.picture_probe[2]))
+        outs = self.llm.generate([request for _, request in probes], params, use_tqdm=False)
+        return [step[tok].logprob for (ids, _), out in zip(probes, outs) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
 
     def metrics(self) -> dict[str, float]:
         """`engine/sync_s` (seconds of the last sync), `engine/sync_diff_mean|max` (its probe check); then cleared."""
@@ -215,27 +240,54 @@ class VLLMSampler:
     # -- generation --------------------------------------------------------------------
     def generate(self, samples: list[Sample], n: int, params: SamplingParams, generator: torch.Generator | None = None) -> list[Trajectory]:
         """`n` completions per prompt, grouped prompt by prompt; `generator` seeds the engine's requests."""
-        from vllm.inputs import TokensPrompt
 
         self.wake()
-        prompt_ids = [encode_prompt(self.tokenizer, s) for s in samples]
+        requests, prompt_ids, vision = [], [], []
+        for s in samples:
+            ids, pictures, request = self._request(s)
+            requests.append(request)
+            prompt_ids.append(ids)
+            vision.append(pictures)
         greedy = params.temperature <= 0
         per_request = 1 if greedy else n  # vLLM refuses n > 1 when greedy; the copies would be equal anyway
         seed = None if generator is None else int(torch.randint(0, 2**30, (1,), device="cpu", generator=generator_for(generator, "cpu")))
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids]
         sps = [self._params(params, per_request, None if seed is None else seed + i * per_request) for i in range(len(samples))]
         outs = self.llm.generate(requests, sps, use_tqdm=False)
         trajs = []
         for g, (sample, ids, out) in enumerate(zip(samples, prompt_ids, outs)):
+            if vision[g] is not None and list(out.prompt_token_ids) != ids:
+                raise AssayError(f"rollout.backend=vllm: prompt id {sample.id!r}: the engine expanded the pictures into "
+                                 f"{len(out.prompt_token_ids)} prompt tokens, the model's processor into {len(ids)}; they must be the same tokens")
             completions = sorted(out.outputs, key=lambda c: c.index) * (n if greedy else 1)
-            trajs.extend(self._trajectory(sample, ids, c, g) for c in completions)
+            for c in completions:
+                t = self._trajectory(sample, ids, c, g)
+                if vision[g] is not None:
+                    t.info["vision"] = vision[g]
+                trajs.append(t)
         return trajs
+
+    def _request(self, sample: Sample):
+        """`(prompt ids as the learner sees them, the processor's outputs or None, the engine's request)`.
+
+        A prompt with pictures goes to the engine as its chat template renders it, one placeholder a
+        picture, with the pictures beside it: vLLM expands the placeholders itself (given ids already
+        expanded, it would expand them again); `generate` checks that its expansion equals the processor's.
+        """
+        from vllm.inputs import TokensPrompt
+
+        if not has_images(sample) or sample.prompt_ids is not None:
+            ids = encode_prompt(self.tokenizer, sample)
+            return ids, None, TokensPrompt(prompt_token_ids=ids)
+        ids, vision = encode_sample(self.tokenizer, sample)
+        short = render_chat(self.tokenizer, sample.prompt, sample.template_args or {}, sample.id)
+        pictures = [p["image"] for p in image_parts(sample.prompt)]
+        return ids, vision, TokensPrompt(prompt_token_ids=short, multi_modal_data={"image": pictures if len(pictures) > 1 else pictures[0]})
 
     def _params(self, params: SamplingParams, n: int, seed: int | None):
         from vllm import SamplingParams as VSP
 
         return VSP(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p, max_tokens=params.max_new_tokens, logprobs=0,
-                   seed=seed, stop_token_ids=[self.eos_id], detokenize=False)
+                   seed=seed, stop_token_ids=[self.eos_id], detokenize=False, allowed_token_ids=self.allowed)
 
     def _trajectory(self, sample: Sample, prompt_ids: list[int], c: Any, group: int) -> Trajectory:
         ids = list(c.token_ids)

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from assay.models import context_length
 from assay.rollout.base import make_sampler, sampler_metrics
 
 #: checkpoint file stem of an older policy version's trainable weights (`policy-version-12.safetensors`)
@@ -146,7 +147,7 @@ def producer_policy(trainer) -> tuple[Any, Any]:
     tokenizer = copy.deepcopy(trainer.tokenizer)
     sampler = make_sampler(cfg.rollout.backend, model, tokenizer, cfg.rollout, trainer.device)
     if cfg.env is not None:
-        sampler = episode_sampler(sampler, model, tokenizer, cfg.env, getattr(model.config, "max_position_embeddings", None))
+        sampler = episode_sampler(sampler, model, tokenizer, cfg.env, context_length(model))
     return model, sampler
 
 

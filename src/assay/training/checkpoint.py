@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from assay.devices import to_cpu
+from assay.errors import AssayError
 
 STATE_FILE = "trainer_state.pt"
 
@@ -53,7 +54,7 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     """
     from safetensors.torch import save_file
 
-    from assay.models import quiet_hf
+    from assay.models import quiet_hf, save_tokenizer
 
     quiet_hf()
     folder = Path(folder)
@@ -61,7 +62,7 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    save_tokenizer(tokenizer, tmp)
     for name, content in (files or {}).items():
         (tmp / name).write_bytes(content) if isinstance(content, bytes) else (tmp / name).write_text(content)
     for stem, weights in (tensors or {}).items():
@@ -114,6 +115,29 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
 def load_state(folder: Path) -> dict[str, Any]:
     """`trainer_state.pt`, its tensors on the CPU (an optimizer's `load_state_dict` moves them to its parameters' device)."""
     return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def load_weights(model, folder: Path) -> None:
+    """Put the weights a checkpoint folder's `model.safetensors` holds into `model`, in place.
+
+    A model whose `save_pretrained` writes other names than its modules have (a LLaVA model writes the
+    checkpoint layout `language_model.model.…` for its `model.language_model.…`) is read back through
+    its own `from_pretrained`, which maps them; a name that still matches nothing is an error, never a
+    silently skipped weight. Only a tied weight (the LM head of tied embeddings) may be absent.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    state = load_file(folder / "model.safetensors")
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        fresh = type(model).from_pretrained(folder, dtype=next(model.parameters()).dtype)
+        result = model.load_state_dict(fresh.state_dict(), strict=False)
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    missing = [k for k in result.missing_keys if k not in tied]
+    if result.unexpected_keys or missing:
+        raise AssayError(f"checkpoint {folder}: its weights do not fit the model ({len(missing)} missing, e.g. "
+                         f"{(missing or ['-'])[0]!r}; {len(result.unexpected_keys)} unexpected, e.g. {(result.unexpected_keys or ['-'])[0]!r})")
 
 
 def load_tensors(folder: Path, stem: str) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ from assay.types import RewardResult, Trajectory
 __all__ = ["Canary", "HackingAlarm", "HackingMonitor", "Watch", "repetition"]
 
 #: the monitors, in the order they are checked
-MONITORS = ("length", "repetition", "kl", "entropy", "saturation", "divergence", "canary")
+MONITORS = ("length", "repetition", "kl", "entropy", "saturation", "divergence", "canary", "blind")
 
 
 class HackingAlarm(AssayError):
@@ -113,6 +113,7 @@ class HackingMonitor:
         self.cfg = cfg
         self.series = {k: _Series(cfg.window) for k in self.SERIES}
         self.evals: list[tuple[int, float]] = []  # (step, held-out accuracy)
+        self.reliance: list[tuple[int, float]] = []  # (step, held-out accuracy less its accuracy with other rows' pictures)
         self.at_best: list[float] = []  # the last `window` training rewards when the best evaluation so far was made
         self.evaluated = False  # whether the step being checked has a held-out evaluation
         self.fired: dict[str, int] = {}
@@ -142,6 +143,8 @@ class HackingMonitor:
             if not self.evals or metrics["eval/accuracy"] > max(a for _, a in self.evals):
                 self.at_best = self.series["reward/mean"].tail(self.cfg.window)
             self.evals.append((step, float(metrics["eval/accuracy"])))
+            if _finite(metrics.get("eval/image_reliance")):
+                self.reliance.append((step, float(metrics["eval/image_reliance"])))
         signals: dict[str, float] = {}
         alarms: list[str] = []
         for name in MONITORS:
@@ -250,10 +253,21 @@ class HackingMonitor:
                         f"{then:.2f} (first {w} checks) to {now:.2f} (last {short})")
         return None
 
+    def _blind(self, signals: dict[str, float]) -> str | None:
+        """Prompts with pictures: held-out accuracy rose while the policy answers nearly as well about other rows' pictures."""
+        if not self.evaluated or len(self.reliance) < 2 or self.reliance[-1][0] != self.evals[-1][0]:
+            return None
+        gain = self.evals[-1][1] - self.evals[0][1]
+        reliance = self.reliance[-1][1]
+        if gain >= self.cfg.accuracy_drop and reliance <= self.cfg.blind_reliance:
+            return (f"held-out accuracy rose from {self.evals[0][1]:.3f} to {self.evals[-1][1]:.3f} but is only {reliance:+.3f} above "
+                    "the same questions asked about other rows' pictures: the policy answers without looking (a shortcut in the text)")
+        return None
+
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"series": {k: v.state_dict() for k, v in self.series.items()}, "evals": [list(e) for e in self.evals],
-                "at_best": list(self.at_best), "fired": dict(self.fired)}
+                "at_best": list(self.at_best), "fired": dict(self.fired), "reliance": [list(e) for e in self.reliance]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.get("series", {}).items():
@@ -261,6 +275,7 @@ class HackingMonitor:
                 self.series[k].load_state_dict(v)
         self.evals = [(int(s), float(a)) for s, a in state.get("evals", [])]
         self.at_best = [float(x) for x in state.get("at_best", [])]
+        self.reliance = [(int(s), float(a)) for s, a in state.get("reliance", [])]
         self.fired = {k: int(s) for k, s in state.get("fired", {}).items()}
 
 

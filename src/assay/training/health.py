@@ -20,11 +20,13 @@ Three conditions are watched after every step:
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from assay.errors import AssayError
 from assay.types import RewardResult, Trajectory
+from assay.vision.inputs import jsonable
 
 __all__ = ["HealthGates", "RunCannotLearn", "sample_rows"]
 
@@ -121,6 +123,11 @@ def _clip(text: object, n: int = 60) -> str:
     return repr(s if len(s) <= n else s[: n - 1] + "…")
 
 
+def folded(text: str) -> str:
+    """`text` with each run of four or more copies of one special token written once with its count (`<image>×36`)."""
+    return re.sub(r"(<[^<>\s]{1,40}>)\1{3,}", lambda m: f"{m.group(1)}×{len(m.group(0)) // len(m.group(1))}", text)
+
+
 def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4, tokenizer=None) -> list[dict]:
     """A few prompts of a step with their completions, rewards and reasons (rows of `samples.jsonl`).
 
@@ -134,9 +141,9 @@ def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: i
     for g in sorted(by_group)[:prompts]:
         items = by_group[g]
         s = items[0][0].sample
-        rendered = {"prompt_text": tokenizer.decode(items[0][0].prompt_ids)} if tokenizer is not None and not isinstance(s.prompt, str) else {}
+        rendered = {"prompt_text": folded(tokenizer.decode(items[0][0].prompt_ids))} if tokenizer is not None and not isinstance(s.prompt, str) else {}
         rows.append({
-            "id": s.id, "prompt": s.prompt, **rendered,
+            "id": s.id, "prompt": jsonable(s.prompt), **rendered,
             "answer": s.answer if isinstance(s.answer, (str, int, float, type(None))) else str(s.answer),
             "completions": [{"text": t.completion, "reward": r.score, "reason": r.info.get("reason"), "error": r.error,
                              "extracted": r.info.get("extracted", r.info.get("answer"))} for t, r in items[:per_prompt]],

@@ -13,6 +13,7 @@ from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
 from assay.batch import Batch, collate, step_tensors  # noqa: F401  (re-exported: the learner's batch)
+from assay.models import text_config
 from assay.models.logprobs import token_logprobs
 
 
@@ -76,7 +77,7 @@ def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
     is_w = batch.is_weights[:, :t] if batch.is_weights is not None else None
     behaviour = batch.behaviour[:, :t] if batch.behaviour is not None else None
     out = Batch(batch.input_ids[:, cols], batch.attention_mask[:, cols], batch.position_ids[:, cols], batch.mask[:, :t],
-                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w, behaviour, batch.actions)
+                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w, behaviour, batch.actions, batch.vision)
     return out, advantages[:, :t]
 
 
@@ -88,7 +89,7 @@ def activation_bytes_per_token(model, checkpointing: bool = False) -> int:
     used here. With activation `checkpointing`: each layer's input, plus one layer's
     intermediates while it is recomputed. Used only to size micro-batches (`train.micro_batch_mb`).
     """
-    cfg = model.config
+    cfg = text_config(model)
     hidden = getattr(cfg, "hidden_size", 0) or 0
     inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
     layers = getattr(cfg, "num_hidden_layers", 1) or 1

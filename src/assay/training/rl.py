@@ -30,7 +30,7 @@ from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
 from assay.images.flow import configure as configure_images
-from assay.models import load_policy, resolve_model_path
+from assay.models import context_length, load_policy, resolve_model_path
 from assay.models.llama import enable_checkpointing
 from assay.models.lora import AdapterOff, apply_lora, load_adapter
 from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
@@ -44,7 +44,7 @@ from assay.rollout.multiturn import counting_off, episode_sampler
 from assay.training.checks import check_group_size, check_plugins  # noqa: F401  (check_group_size: re-exported)
 from assay.training.async_rollouts import AsyncHealth, AsyncRollouts, load_versions
 from assay.training.dist import NullSink, Ranks, load_sharded
-from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints, rng_state,
+from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, load_weights, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
 from assay.algos import mismatch_correction, requirements
 from assay.data.selection import DynamicFilter, scored_rewards
@@ -58,6 +58,7 @@ from assay.training.learner import (accumulate_step, activation_bytes_per_token,
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
 from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
+from assay.vision.inputs import has_images, shuffle_pictures
 
 
 def _stem(extra: str) -> str:
@@ -121,7 +122,7 @@ class Trainer:
         if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
             self.ref = AdapterOff(self.adapter) if self.adapter is not None else copy.deepcopy(self.model).eval().requires_grad_(False)
         self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
-        context = getattr(self.model.config, "max_position_embeddings", None)
+        context = context_length(self.model)
         if context:
             if cfg.rollout.max_new_tokens >= context:
                 raise AssayError(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} leaves no room for a prompt: the model takes {context} positions")
@@ -276,12 +277,10 @@ class Trainer:
         if (ckpt / "dcp").is_dir():  # written by a torchrun job (`assay.training.sharded`): its shards, read whole
             load_sharded(ckpt, self.model, self.opt, trainable_only=self.adapter is not None)
         else:
-            from safetensors.torch import load_file
-
             if self.adapter is not None:
                 load_adapter(self.adapter, ckpt)
             else:
-                self.model.load_state_dict(load_file(ckpt / "model.safetensors"), strict=False)
+                load_weights(self.model, ckpt)
             if self.ref is not None and hasattr(self.model, "tie_weights"):
                 self.model.tie_weights()
             self.weights.load_master(state.get("master_weights"))
@@ -471,7 +470,12 @@ class Trainer:
         verifier, reward = self.executor.heldout_scorers()
         with counting_off(self.sampler), self.generating():  # held-out episodes stay out of the step's agent/* metrics
             r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, reward=reward)
+            shuffled = None
+            if r.accuracy is not None and any(has_images(p) for p in problems):  # does the policy use the pictures?
+                shuffled = evaluate(self.sampler, verifier, shuffle_pictures(problems), self.cfg.rollout.max_new_tokens).accuracy
         out = {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward, "eval/mean_length": r.mean_length}
+        if shuffled is not None:
+            out.update({"eval/accuracy_shuffled_images": shuffled, "eval/image_reliance": r.accuracy - shuffled})
         return {k: v for k, v in out.items() if v is not None}
 
     # -- the loop ----------------------------------------------------------------------

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from assay.errors import AssayError
+from assay.models import save_tokenizer
 from assay.models.llama import supported
 from assay.models.lora import load_adapter
 from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints,
@@ -215,7 +216,7 @@ class ShardedTrainer(Trainer):
         if self.ranks.main:
             from safetensors.torch import save_file
 
-            self.tokenizer.save_pretrained(tmp)
+            save_tokenizer(self.tokenizer, tmp)
             for name, extra in self.extras.items():
                 if (t := extra.tensors()) is not None:
                     save_file({k: v.detach().cpu().contiguous() for k, v in t.items()}, tmp / f"{_stem(name)}.safetensors")

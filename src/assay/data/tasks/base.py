@@ -37,6 +37,11 @@ class Task(abc.ABC):
     def make(self, rng: random.Random) -> Sample:
         """One random problem (its id is filled in by the caller)."""
 
+    def key(self, sample: Sample) -> str:
+        """What makes two problems the same, for the split and the ids: the prompt (a task whose prompts are not
+        plain text, such as a picture and a question, gives a text of its own)."""
+        return sample.prompt
+
     def describe(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
@@ -50,17 +55,18 @@ class Task(abc.ABC):
         misses = 0
         while True:
             s = self.make(rng)
-            if in_heldout(s.prompt, self.heldout_fraction) != want_heldout:
+            key = self.key(s)
+            if in_heldout(key, self.heldout_fraction) != want_heldout:
                 continue
             if want_heldout:
-                if s.prompt in seen:
+                if key in seen:
                     misses += 1
                     if misses > 10_000:
                         return  # the held-out space is exhausted
                     continue
-                seen.add(s.prompt)
+                seen.add(key)
                 misses = 0
-            s.id = f"{split}-{hashlib.blake2b(s.prompt.encode(), digest_size=6).hexdigest()}"
+            s.id = f"{split}-{hashlib.blake2b(key.encode(), digest_size=6).hexdigest()}"
             yield s
 
     def heldout(self, n: int) -> list[Sample]:
