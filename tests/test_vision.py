@@ -303,3 +303,41 @@ def load_policy_tiny_count():
 
     model, tok = load_policy("tiny-count")
     return model.eval(), tok
+
+
+def test_an_environment_may_show_a_picture_and_the_learner_sees_it_too(vlm):
+    """A two-turn episode whose second observation is a picture: its image tokens are shown tokens (mask 0) inside the
+    completion, the next turn is sampled with the picture, and the learner's logprobs of the sampled turns match."""
+    from assay.envs import Environment, Step
+    from assay.rollout.multiturn import Budget, MultiTurn
+
+    model, tok = vlm
+
+    class ShowsPicture(Environment):
+        chat_role = "user"
+
+        def reset(self, sample):
+            self.turns = 0
+            return [{"type": "text", "text": "look"}]
+
+        def step(self, action):
+            self.turns += 1
+            if self.turns == 1:
+                return Step([{"type": "image", "image": _picture(3)}, {"type": "text", "text": "red?"}], 0.0, False, {})
+            return Step("", float(action.strip() == "3"), True, {})
+
+    loop = MultiTurn(TorchSampler(model, tok), tok, ShowsPicture, Budget(max_turns=3, max_tokens=200, max_seconds=60), chat=True)
+    trajs = loop.run([Sample("s", [{"role": "user", "content": "look"}])], 4, SamplingParams(max_new_tokens=3, temperature=1.0),
+                     torch.Generator().manual_seed(0))
+    image_id = model.config.image_token_index
+    assert len(trajs) == 4
+    for t in trajs:
+        assert t.info["vision"]["pixel_values"].shape[0] == 1 and t.completion_ids.count(image_id) == 36
+        assert all(m == 0 for i, m in zip(t.completion_ids, t.loss_mask) if i == image_id) and len(t.turns) == 2
+    batch = collate(trajs, [RewardResult(1.0)] * len(trajs), tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, batch, 1.0)
+    assert torch.allclose(lp * batch.mask, batch.old_logprobs, atol=1e-5)
+    plain = MultiTurn(TorchSampler(model, tok), tok, ShowsPicture, Budget(max_turns=3, max_tokens=200, max_seconds=60), chat=False)
+    with pytest.raises(AssayError, match="a plain-text episode takes text"):
+        plain.run([Sample("s", "look")], 1, SamplingParams(max_new_tokens=3, temperature=1.0))

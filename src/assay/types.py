@@ -28,6 +28,9 @@ class Sample:
         template_args: keyword arguments of the chat template for a conversational prompt
             (`{"enable_thinking": False}`), from `data.chat_template_kwargs` and the row's own
             `chat_template_kwargs` column.
+        vision: with `prompt_ids`, the processor's outputs (numpy arrays) for the pictures whose image tokens
+            those ids hold: a multi-turn episode's next turn after an environment showed a picture
+            (`assay.rollout.multiturn`); None: the ids hold no pictures.
     """
 
     id: str
@@ -36,6 +39,7 @@ class Sample:
     fields: dict[str, Any] = field(default_factory=dict)
     prompt_ids: list[int] | None = None
     template_args: dict[str, Any] | None = None
+    vision: dict[str, Any] | None = None
 
     @property
     def conversational(self) -> bool:

@@ -134,9 +134,12 @@ def token_logprobs(model, batch: "Batch", temperature: float = 1.0, with_entropy
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=T + 1,
                     **(batch.vision.kwargs() if batch.vision is not None else {}))
         logits = out.logits[:, :-1].float()
-        if banned:
-            logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
-        return _from_logits(logits, targets, temperature, with_entropy, entropy_grad)
+        if not banned:
+            return _from_logits(logits, targets, temperature, with_entropy, entropy_grad)
+        held = torch.tensor(banned, device=logits.device)
+        lp, ent = _from_logits(logits.index_fill(-1, held, float("-inf")), targets, temperature, with_entropy, entropy_grad)
+        # a placeholder in a completion is a picture an environment showed (loss mask 0): 0.0 there, as the sampler records it
+        return lp.masked_fill(torch.isin(targets, held), 0.0), ent
     weight = None if entropy_grad else _fused_head(model)
     if weight is not None and targets.numel() * weight.shape[0] < CHUNKED_MIN_ELEMENTS:
         weight = None

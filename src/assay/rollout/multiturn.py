@@ -24,6 +24,15 @@ How an observation becomes tokens:
   (`info["segment"]`, `info["segments"]`), so a split episode counts once per part in its
   group's baseline; `agent/splits` counts them.
 
+Pictures (a vision-language policy, docs/multimodal.md): in chat, an observation — the first one
+(`reset`) or any later one (`step`) — may be a list of content parts, text and
+`{"type": "image", "image": PIL image}`. The conversation is then rendered by the model's processor
+(`assay.vision.inputs.render_pictures`), which expands each picture into its image tokens (shown
+tokens: loss mask 0, counted in the token budget); the episode keeps the processor's outputs for
+every picture so far, gives them to the sampler with the next turn's `prompt_ids`
+(`Sample.vision`) and to the learner in its trajectory's `info["vision"]`. Such episodes run on the
+torch backend; a plain-text episode, or a model without a processor, refuses a picture in one line.
+
 Budgets: `max_turns` model turns, `max_tokens` for the whole sequence (prompt included;
 the model's context), `max_seconds` of wall time per episode (checked between turns, so every episode has one; a
 tool's own deadline bounds a step). Every episode ends with a `finish_reason`: the
@@ -48,6 +57,7 @@ from assay.envs.tools import OUTCOMES
 from assay.errors import AssayError
 from assay.rollout.base import SamplingParams, render_chat
 from assay.types import Sample, Trajectory
+from assay.vision.inputs import image_parts, render_pictures
 
 
 @dataclass
@@ -82,6 +92,7 @@ class _Episode:
     calls: list[tuple[str, str]] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     parts: list[Trajectory] = field(default_factory=list)
+    vision: dict[str, Any] | None = None  # the processor's outputs for every picture in the sequence so far
     n_turns: int = 0
     finish: str = ""
     outcome: str | None = None  # the environment's own word on the final turn (`info["reason"]`), if it gave one
@@ -120,7 +131,7 @@ class MultiTurn:
             for e in active:  # a turn may not run past the token budget
                 by_room.setdefault(min(params.max_new_tokens, self.budget.max_tokens - e.length), []).append(e)
             for room, group in by_room.items():
-                turn = [replace(e.sample, prompt_ids=e.prompt_ids + e.ids) for e in group]
+                turn = [replace(e.sample, prompt_ids=e.prompt_ids + e.ids, vision=e.vision) for e in group]
                 trajs = self.sampler.generate(turn, 1, replace(params, max_new_tokens=room), generator)
                 for e, t in zip(group, trajs):
                     if list(t.prompt_ids) != e.prompt_ids + e.ids:
@@ -134,12 +145,13 @@ class MultiTurn:
     def _start(self, sample: Sample, group: int) -> _Episode:
         env = self.make_env()
         obs = env.reset(sample)
+        vision = None
         if self.chat:
             messages = [*(sample.prompt[:-1] if isinstance(sample.prompt, list) else []), {"role": "user", "content": obs}]
-            ids = self._render(messages, env, generation=True, sid=sample.id)
+            ids, vision = self._render(messages, env, generation=True, sid=sample.id)
         else:
-            messages, ids = None, self._encode(obs)
-        return _Episode(sample, group, env, ids, messages, time.monotonic())
+            messages, ids = None, self._encode(self._text(obs, sample.id))
+        return _Episode(sample, group, env, ids, messages, time.monotonic(), vision=vision)
 
     def _within_budget(self, e: _Episode) -> bool:
         """False (and the episode finished) when it may not take another turn."""
@@ -177,31 +189,34 @@ class MultiTurn:
             return
         if self.chat:
             e.messages.append({"role": "assistant", "content": action})
-            obs_ids = self._chat_observation(e, t, obs)
+            shown = self._chat_observation(e, t, obs)
         else:
-            obs_ids = self._encode(obs)
-        if obs_ids is None:
+            shown = self._encode(self._text(obs, e.sample.id)), e.vision
+        if shown is None:
             return
+        obs_ids, vision = shown
         if e.length + len(obs_ids) >= self.budget.max_tokens:
-            e.finish = "context"  # the observation does not fit: the episode ends before it
+            e.finish = "context"  # the observation does not fit: the episode ends before it (and without its pictures)
             return
+        e.vision = vision
         e.ids += obs_ids
         e.logprobs += [0.0] * len(obs_ids)
         e.mask += [0] * len(obs_ids)
 
-    def _chat_observation(self, e: _Episode, t: Trajectory, obs: str) -> list[int] | None:
-        """The observation's tokens after the sampled turn; None when the episode had to split (see the module docstring)."""
-        before = self._render(e.messages, e.env, generation=False, sid=e.sample.id)
+    def _chat_observation(self, e: _Episode, t: Trajectory, obs: Any) -> tuple[list[int], dict[str, Any] | None] | None:
+        """The observation's tokens after the sampled turn, and the pictures of the conversation with it; None when the
+        episode had to split (see the module docstring)."""
+        before, _ = self._render(e.messages, e.env, generation=False, sid=e.sample.id)
         e.messages.append({"role": e.env.chat_role, "content": obs})
-        after = self._render(e.messages, e.env, generation=True, sid=e.sample.id)
+        after, vision = self._render(e.messages, e.env, generation=True, sid=e.sample.id)
         if after[: len(before)] != before:
             e.parts.append(self._trajectory(e, "split"))
-            e.prompt_ids, e.ids, e.logprobs, e.mask, e.turns = after, [], [], [], []
+            e.prompt_ids, e.ids, e.logprobs, e.mask, e.turns, e.vision = after, [], [], [], [], vision
             return None
         ends = [i for i, tok in enumerate(before) if tok in self.stop_ids]
         ended = bool(t.completion_ids) and t.completion_ids[-1] in self.stop_ids
         tail = before[ends[-1] + 1 if ended else ends[-1]:] if ends else []  # what the template puts after the turn's end
-        return tail + after[len(before):]
+        return tail + after[len(before):], vision
 
     def _close(self, e: _Episode) -> list[Trajectory]:
         if e.turns or not e.parts:
@@ -219,23 +234,36 @@ class MultiTurn:
     def _trajectory(self, e: _Episode, finish: str) -> Trajectory:
         completion = self.tokenizer.decode(e.ids, skip_special_tokens=True)
         done = finish not in ("max_turns", "context", "time", "split")
+        info: dict[str, Any] = {"first_turn": e.n_turns - len(e.turns)}
+        if e.vision is not None:
+            info["vision"] = e.vision
         return Trajectory(e.sample, completion, list(e.prompt_ids), list(e.ids), list(e.logprobs), done, group=e.group,
-                          loss_mask=list(e.mask), turns=list(e.turns), version=min(e.versions, default=0), finish_reason=finish,
-                          info={"first_turn": e.n_turns - len(e.turns)})
+                          loss_mask=list(e.mask), turns=list(e.turns), version=min(e.versions, default=0), finish_reason=finish, info=info)
 
     # -- tokens --------------------------------------------------------------------------
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _render(self, messages: list[dict[str, Any]], env: Environment, generation: bool, sid: str) -> list[int]:
+    @staticmethod
+    def _text(obs: Any, sid: str) -> str:
+        """A plain-text episode's observation; a picture there is one line (pictures need the chat template's processor)."""
+        if isinstance(obs, str):
+            return obs
+        raise AssayError(f"prompt id {sid!r}: the environment returned {type(obs).__name__} as an observation; a plain-text episode "
+                         "takes text (pictures need env.chat=true and a vision-language model)")
+
+    def _render(self, messages: list[dict[str, Any]], env: Environment, generation: bool, sid: str) -> tuple[list[int], dict[str, Any] | None]:
+        """The conversation's ids, and the processor's outputs when it holds pictures (None otherwise)."""
         args: dict[str, Any] = {}
         if env.tool_schemas():
             args["tools"] = env.tool_schemas()
+        if image_parts(messages):
+            return render_pictures(self.tokenizer, messages, generation, args, sid)
         if generation:
-            return render_chat(self.tokenizer, messages, args, sid)
+            return render_chat(self.tokenizer, messages, args, sid), None
         out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=True, return_dict=True, **args)
-        return list(out["input_ids"])
+        return list(out["input_ids"]), None
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:

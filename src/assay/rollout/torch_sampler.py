@@ -168,8 +168,8 @@ class TorchSampler:
 
     def _encode_all(self, samples: list[Sample]) -> tuple[list[list[int]], list[dict | None]]:
         """Each prompt's ids and, for a prompt with pictures, its processor outputs (`assay.vision.inputs`)."""
-        pairs = [encode_sample(self.tokenizer, s) if s.prompt_ids is None and has_images(s) else (encode_prompt(self.tokenizer, s), None)
-                 for s in samples]
+        pairs = [(list(s.prompt_ids), s.vision) if s.prompt_ids is not None else encode_sample(self.tokenizer, s) if has_images(s)
+                 else (encode_prompt(self.tokenizer, s), None) for s in samples]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     @torch.no_grad()

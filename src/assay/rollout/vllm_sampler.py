@@ -275,6 +275,9 @@ class VLLMSampler:
         """
         from vllm.inputs import TokensPrompt
 
+        if sample.vision is not None:
+            raise AssayError(f"rollout.backend=vllm: prompt id {sample.id!r} is a turn of an episode that showed pictures; "
+                             "such episodes run on rollout.backend=torch (docs/multimodal.md)")
         if not has_images(sample) or sample.prompt_ids is not None:
             ids = encode_prompt(self.tokenizer, sample)
             return ids, None, TokensPrompt(prompt_token_ids=ids)

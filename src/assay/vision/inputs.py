@@ -175,16 +175,24 @@ def encode_sample(tokenizer: Any, sample: Sample) -> tuple[list[int], dict[str, 
     The outputs are numpy arrays by name (`pixel_values`, and `image_sizes` or `image_grid_thw` where the
     processor makes them), each with the prompt's pictures along its first axis.
     """
-    processor = processor_of(tokenizer, sample.id)
     messages = sample.prompt
     prefill = bool(messages) and messages[-1].get("role") == "assistant"
+    return render_pictures(tokenizer, messages, not prefill, sample.template_args or {}, sample.id, continue_final=prefill)
+
+
+def render_pictures(tokenizer: Any, messages: list[dict[str, Any]], generation: bool, template_args: dict[str, Any],
+                    sid: str = "?", continue_final: bool = False) -> tuple[list[int], dict[str, Any]]:
+    """`(ids, processor outputs)` of a conversation with pictures through the tokenizer's processor: with the generation
+    prompt, or continuing the final assistant message (`continue_final`), or as the conversation stands."""
+    processor = processor_of(tokenizer, sid)
+    prefill = continue_final
     try:
-        out = processor.apply_chat_template(messages, add_generation_prompt=not prefill, continue_final_message=prefill, tokenize=True,
-                                            return_dict=True, return_tensors="np", **(sample.template_args or {}))
+        out = processor.apply_chat_template(messages, add_generation_prompt=generation, continue_final_message=prefill, tokenize=True,
+                                            return_dict=True, return_tensors="np", **template_args)
     except AssayError:
         raise
     except Exception as e:
-        raise AssayError(f"prompt id {sample.id!r}: the processor failed on this conversation: {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+        raise AssayError(f"prompt id {sid!r}: the processor failed on this conversation: {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
     ids = [int(i) for i in out["input_ids"][0]]
     return ids, {k: v for k, v in out.items() if k not in TOKEN_KEYS}
 
