@@ -190,8 +190,14 @@ def test_a_bad_picture_is_one_line_naming_its_row(tmp_path, monkeypatch, case, m
 
 
 def test_picture_controls_keep_questions_and_answers(vlm):
+    from assay.vision.inputs import describe_pictures
+
     rows = VisualCount().heldout(4)
     shuffled, blank = shuffle_pictures(rows), blank_pictures(rows)
+    said = describe_pictures(rows)
+    assert not any(has_images(s) for s in said) and said[0].prompt[0]["content"][0]["text"].startswith("blocks: ")
+    with pytest.raises(AssayError, match="needs an image_description column"):
+        describe_pictures([_ask(_picture(1))])
 
     def pic(s):
         return np.asarray(s.prompt[0]["content"][0]["image"])
@@ -243,6 +249,8 @@ def test_eval_images_controls_from_the_command_line(capsys):
     assert main(["eval", "--model", "tiny-count", "--task", "visual_count", "--n", "24", "--k", "0", "--images", "shuffle", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["images"] == "shuffle" and out["n"] == 24
+    assert main(["eval", "--model", "tiny-count", "--task", "visual_count", "--n", "8", "--k", "0", "--images", "describe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == "describe"
     assert main(["eval", "--model", "tiny-arith", "--n", "4", "--k", "0", "--images", "blank"]) == 2
     assert "none of these 4 has one" in capsys.readouterr().err
 

@@ -439,8 +439,9 @@ def _eval_parser(sub) -> None:
                    "highest, and report its verified accuracy against n = 1, 2, 4, ..., N with pass@n and maj@n (docs/reward-models.md)")
     e.add_argument("--verifier", default=None, help="with --best-of: the reward that checks the picked answer (default: the task's, format's or run's)")
     e.add_argument("--out", default="bestof", metavar="DIR", help="with --best-of: folder for bestof.json and bestof.png (default ./bestof)")
-    e.add_argument("--images", default="keep", choices=["keep", "blank", "shuffle"],
-                   help="prompts with pictures: keep them (default), blank them, or give each row the next row's (does the policy look?)")
+    e.add_argument("--images", default="keep", choices=["keep", "blank", "shuffle", "describe"],
+                   help="prompts with pictures: keep them (default), blank them, give each row the next row's (does the policy look?), "
+                        "or put the row's image_description in their place (the text-only baseline)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(fn=cmd_eval)
 

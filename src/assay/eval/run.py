@@ -106,8 +106,9 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
             and, for `openai`, the server (it is given `model`'s weights when it takes them).
         env: an environment (a name, `module:attr` or an `env:` block; default: the run's):
             each problem is an episode, scored by the `episode` reward unless `reward` is given.
-        images: for prompts with pictures, `keep` them, `blank` them (black pictures of the same size) or
-            `shuffle` them (each row gets the next row's): the controls that show whether a policy uses the pictures.
+        images: for prompts with pictures, `keep` them, `blank` them (black pictures of the same size),
+            `shuffle` them (each row gets the next row's), or `describe` them (the row's `image_description`
+            text in their place): the controls that show whether a policy uses the pictures.
     Returns:
         `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`; with an
         environment also `env`, `turns_mean` and `tool_calls_per_episode` (over every
@@ -135,7 +136,11 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
         if not any(has_images(p) for p in problems):
             sampler.close()
             raise AssayError(f"eval: --images {images} applies to prompts with pictures, and none of these {len(problems)} has one")
-        problems, what["images"] = PICTURE_CONTROLS[images](problems), images
+        try:
+            problems, what["images"] = PICTURE_CONTROLS[images](problems), images
+        except AssayError:
+            sampler.close()
+            raise
     try:
         with ExitStack() as stack:
             ex = stack.enter_context(RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout))

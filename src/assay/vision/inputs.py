@@ -284,5 +284,25 @@ def shuffle_pictures(samples: list[Sample]) -> list[Sample]:
     return _map_pictures(samples, lambda i, j, img: pictures[i][j % len(pictures[i])])
 
 
+def describe_pictures(samples: list[Sample]) -> list[Sample]:
+    """Each picture replaced by a text part with the row's description of it (its `image_description` column: one text, or
+    one per picture): the text-only baseline. A row with pictures and no description is one line naming it."""
+    out = []
+    for s in samples:
+        if not has_images(s):
+            out.append(s)
+            continue
+        said = s.fields.get("image_description")
+        said = [said] if isinstance(said, str) else said
+        if not isinstance(said, list) or not said or not all(isinstance(x, str) for x in said):
+            raise AssayError(f"row id {s.id!r}: --images describe needs an image_description column (a text, or one per picture)")
+        count = iter(range(len(image_parts(s.prompt))))
+        messages = [{**m, "content": [{"type": "text", "text": said[min(next(count), len(said) - 1)]}
+                                      if isinstance(p, dict) and p.get("type") == "image" else p for p in m["content"]]}
+                    if isinstance(m.get("content"), list) else m for m in s.prompt]
+        out.append(dataclasses.replace(s, prompt=messages))
+    return out
+
+
 #: `assay eval --images` and the trainer's held-out check: what becomes of the pictures
-PICTURE_CONTROLS = {"keep": lambda samples: samples, "blank": blank_pictures, "shuffle": shuffle_pictures}
+PICTURE_CONTROLS = {"keep": lambda samples: samples, "blank": blank_pictures, "shuffle": shuffle_pictures, "describe": describe_pictures}

@@ -6,7 +6,8 @@ blocks touch. The prompt is a conversation: one user message holding the picture
 content part) and the colour asked about; the answer is the number of blocks of that colour,
 checked by the `arithmetic` verifier (the whole completion must be that integer). The other
 colours' blocks are distractors. `blank=True` sends an all-black picture with the same
-question and answer: the control run that shows how much a policy gains without seeing.
+question and answer: the control run that shows how much a policy gains without seeing. Each row's
+`image_description` ("blocks: 2 red, 1 blue") is what `assay eval --images describe` says instead of the picture.
 See docs/multimodal.md.
 """
 
@@ -67,7 +68,9 @@ class VisualCount(Task):
         picture = draw_blocks([] if self.blank else blocks, self.size, self.cell)
         layout = " ".join(f"{c}@{at}" for c, at in sorted(blocks, key=lambda b: b[1]))
         prompt = [{"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": f"{colour}?"}]}]
-        return Sample(id="", prompt=prompt, answer=str(counts[colour]), fields={"colour": colour, "counts": counts, "layout": layout})
+        said = ", ".join(f"{n} {c}" for c, n in counts.items() if n) if not self.blank else "nothing"
+        return Sample(id="", prompt=prompt, answer=str(counts[colour]),
+                      fields={"colour": colour, "counts": counts, "layout": layout, "image_description": f"blocks: {said}"})
 
     def key(self, sample: Sample) -> str:
         return f"{sample.fields['colour']}? {sample.fields['layout']}"
