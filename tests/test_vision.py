@@ -349,3 +349,18 @@ def test_an_environment_may_show_a_picture_and_the_learner_sees_it_too(vlm):
     plain = MultiTurn(TorchSampler(model, tok), tok, ShowsPicture, Budget(max_turns=3, max_tokens=200, max_seconds=60), chat=False)
     with pytest.raises(AssayError, match="a plain-text episode takes text"):
         plain.run([Sample("s", "look")], 1, SamplingParams(max_new_tokens=3, temperature=1.0))
+
+
+def test_model_freeze_keeps_the_vision_tower_and_refuses_a_pattern_that_matches_nothing(tmp_path):
+    from assay.models import load_policy
+    from assay.training.rl import Trainer
+
+    run = Trainer(_vision_cfg(tmp_path, "frozen", 2, "model.freeze=[vision_tower, multi_modal_projector]")).fit(progress=False)
+    before, _ = load_policy("tiny-count")
+    after, _ = load_policy(str(run.run_dir / "final"))
+    moved = {n for (n, p), (_, q) in zip(before.named_parameters(), after.named_parameters()) if not torch.equal(p, q)}
+    assert moved and all("language_model" in n or "lm_head" in n for n in moved)
+    assert run.final["trainable parameters"] < sum(p.numel() for p in before.parameters())
+    for bad, why in (("vison_tower", "matches no parameter"), ("(", "is not a regular expression")):
+        with pytest.raises(AssayError, match=why):
+            Trainer(_vision_cfg(tmp_path, f"bad{len(why)}", 1, f"model.freeze=['{bad}']"))

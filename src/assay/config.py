@@ -54,6 +54,10 @@ class ModelConfig(Section):
     chat_template: str | None = None
     """A chat template (a Jinja file, or the template text) that replaces the tokenizer's own;
     it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
+    freeze: list[str] = Field(default_factory=list)
+    """Parameters left untrained: regular expressions, each searched in every parameter's name (`vision_tower` freezes a
+    LLaVA model's vision tower; `embed_tokens` the embeddings). Each must match a parameter; the summary's
+    `trainable parameters` counts what is left. Empty: every weight trains (or only the adapters, with `lora`)."""
     lora: LoraSettings | None = None
     """Train low-rank adapters instead of every weight (`peft`'s LoRA; the `lora` extra,
     `pip install 'assay[lora]'`), for example `{r: 8, alpha: 16}`: only the adapters train and

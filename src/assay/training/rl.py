@@ -85,6 +85,26 @@ class RunResult:
         return read_metrics(self.run_dir / "metrics.jsonl")
 
 
+def freeze(model, patterns: list[str]) -> None:
+    """Stop the parameters whose names match any of `patterns` (`re.search`) from training; one line for a pattern that is
+    not a regular expression or matches nothing."""
+    import re
+
+    names = [n for n, _ in model.named_parameters()]
+    for pattern in patterns:
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise AssayError(f"model.freeze: {pattern!r} is not a regular expression ({e})") from None
+        hits = [n for n in names if rx.search(n)]
+        if not hits:
+            raise AssayError(f"model.freeze: {pattern!r} matches no parameter of {model.config.model_type!r}; its names look like "
+                             f"{names[0]!r} … {names[-1]!r}")
+        for n, p in model.named_parameters():
+            if n in hits:
+                p.requires_grad_(False)
+
+
 def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
     warm = cfg.optim.warmup_steps
     return lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
@@ -118,6 +138,7 @@ class Trainer:
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
         configure_images(self.model, cfg)  # an image policy's sampling settings (nothing for a language model)
         self.adapter = self._lora()  # peft's wrapper when only adapters train (`model.lora`), else None
+        freeze(self.model, cfg.model.freeze)  # `model.freeze`: these parameters keep their weights
         self.ref = None
         if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
             self.ref = AdapterOff(self.adapter) if self.adapter is not None else copy.deepcopy(self.model).eval().requires_grad_(False)
