@@ -127,21 +127,9 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
     problems, reward_spec, own, what, model, sampler, max_new_tokens = _prepare(
         model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,
         max_new_tokens, backend, device, seed, server_url, env)
-    if images != "keep":
-        from assay.vision.inputs import PICTURE_CONTROLS, has_images
-
-        if images not in PICTURE_CONTROLS:
-            sampler.close()
-            raise AssayError(f"eval: --images {images!r}; allowed: {', '.join(PICTURE_CONTROLS)}")
-        if not any(has_images(p) for p in problems):
-            sampler.close()
-            raise AssayError(f"eval: --images {images} applies to prompts with pictures, and none of these {len(problems)} has one")
-        try:
-            problems, what["images"] = PICTURE_CONTROLS[images](problems), images
-        except AssayError:
-            sampler.close()
-            raise
     try:
+        if images != "keep":
+            problems, what["images"] = picture_control(images, problems), images
         with ExitStack() as stack:
             ex = stack.enter_context(RewardExecutor(build_reward(reward_spec), workers=workers, timeout=timeout))
             if gives_verdicts(ex.reward):
@@ -156,6 +144,18 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
         sampler.close()
     agent = {k: episodes[f"agent/{k}"] for k in ("turns_mean", "tool_calls_per_episode") if f"agent/{k}" in episodes}
     return {"model": model, **what, **r.as_dict(), **agent}
+
+
+def picture_control(images: str, problems: list) -> list:
+    """`problems` with their pictures as `--images` says (`assay.vision.inputs.PICTURE_CONTROLS`); one line for an unknown
+    control or problems without pictures."""
+    from assay.vision.inputs import PICTURE_CONTROLS, has_images
+
+    if images not in PICTURE_CONTROLS:
+        raise AssayError(f"eval: --images {images!r}; allowed: {', '.join(PICTURE_CONTROLS)}")
+    if not any(has_images(p) for p in problems):
+        raise AssayError(f"eval: --images {images} applies to prompts with pictures, and none of these {len(problems)} has one")
+    return PICTURE_CONTROLS[images](problems)
 
 
 def _prepare(model, task, task_args, data, fields, format, chat, system_prompt, chat_template_kwargs, chat_template, run, reward, n,

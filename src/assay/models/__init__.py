@@ -131,6 +131,26 @@ def context_length(model) -> int | None:
     return int(n) if n else None
 
 
+def freeze(model, patterns: list[str]) -> None:
+    """Stop the parameters whose names match any of `patterns` (`re.search`) from training; one line for a pattern that is
+    not a regular expression or matches nothing."""
+    import re
+
+    names = [n for n, _ in model.named_parameters()]
+    for pattern in patterns:
+        try:
+            rx = re.compile(pattern)
+        except re.error as e:
+            raise AssayError(f"model.freeze: {pattern!r} is not a regular expression ({e})") from None
+        hits = {n for n in names if rx.search(n)}
+        if not hits:
+            kind = getattr(model.config, "model_type", "the model")
+            raise AssayError(f"model.freeze: {pattern!r} matches no parameter of {kind!r}; its names look like {names[0]!r} … {names[-1]!r}")
+        for n, p in model.named_parameters():
+            if n in hits:
+                p.requires_grad_(False)
+
+
 def save_tokenizer(tokenizer, folder) -> None:
     """Write `tokenizer` to a model folder: with its processor (`tokenizer.processor`, a vision-language model's) when it has one."""
     processor = getattr(tokenizer, "processor", None)

@@ -164,7 +164,7 @@ class TorchSampler:
         return self.cuda_graphs and self.device.type == "cuda"
 
     def encode(self, samples: list[Sample]) -> list[list[int]]:
-        return [encode_prompt(self.tokenizer, s) for s in samples]
+        return self._encode_all(samples)[0]
 
     def _encode_all(self, samples: list[Sample]) -> tuple[list[list[int]], list[dict | None]]:
         """Each prompt's ids and, for a prompt with pictures, its processor outputs (`assay.vision.inputs`)."""

@@ -30,7 +30,7 @@ from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
 from assay.images.flow import configure as configure_images
-from assay.models import context_length, load_policy, resolve_model_path
+from assay.models import context_length, freeze, load_policy, resolve_model_path
 from assay.models.llama import enable_checkpointing
 from assay.models.lora import AdapterOff, apply_lora, load_adapter
 from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
@@ -83,26 +83,6 @@ class RunResult:
         from assay.report.metrics import read_metrics
 
         return read_metrics(self.run_dir / "metrics.jsonl")
-
-
-def freeze(model, patterns: list[str]) -> None:
-    """Stop the parameters whose names match any of `patterns` (`re.search`) from training; one line for a pattern that is
-    not a regular expression or matches nothing."""
-    import re
-
-    names = [n for n, _ in model.named_parameters()]
-    for pattern in patterns:
-        try:
-            rx = re.compile(pattern)
-        except re.error as e:
-            raise AssayError(f"model.freeze: {pattern!r} is not a regular expression ({e})") from None
-        hits = [n for n in names if rx.search(n)]
-        if not hits:
-            raise AssayError(f"model.freeze: {pattern!r} matches no parameter of {model.config.model_type!r}; its names look like "
-                             f"{names[0]!r} … {names[-1]!r}")
-        for n, p in model.named_parameters():
-            if n in hits:
-                p.requires_grad_(False)
 
 
 def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:

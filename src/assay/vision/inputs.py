@@ -244,7 +244,7 @@ def _cat_padded(tensors: list):
 
 
 def _map_pictures(samples: list[Sample], pick) -> list[Sample]:
-    """`samples` with the picture of image part j of row i replaced by `pick(i, j, picture)`."""
+    """`samples` with image part j of row i replaced by the part `pick(i, j, part)` returns."""
     out = []
     for i, s in enumerate(samples):
         if not has_images(s):
@@ -257,7 +257,7 @@ def _map_pictures(samples: list[Sample], pick) -> list[Sample]:
                 parts = []
                 for p in m["content"]:
                     if isinstance(p, dict) and p.get("type") == "image":
-                        p = {**p, "image": pick(i, j, p["image"])}
+                        p = pick(i, j, p)
                         j += 1
                     parts.append(p)
                 m = {**m, "content": parts}
@@ -270,7 +270,7 @@ def blank_pictures(samples: list[Sample]) -> list[Sample]:
     """Every picture replaced by a black one of its size: what a policy answers when it cannot see."""
     from PIL import Image
 
-    return _map_pictures(samples, lambda i, j, img: Image.new("RGB", img.size))
+    return _map_pictures(samples, lambda i, j, p: {**p, "image": Image.new("RGB", p["image"].size)})
 
 
 def shuffle_pictures(samples: list[Sample]) -> list[Sample]:
@@ -281,27 +281,21 @@ def shuffle_pictures(samples: list[Sample]) -> list[Sample]:
         return samples
     donor = {i: samples[rows[(k + 1) % len(rows)]] for k, i in enumerate(rows)}
     pictures = {i: [p["image"] for p in image_parts(d.prompt)] for i, d in donor.items()}
-    return _map_pictures(samples, lambda i, j, img: pictures[i][j % len(pictures[i])])
+    return _map_pictures(samples, lambda i, j, p: {**p, "image": pictures[i][j % len(pictures[i])]})
 
 
 def describe_pictures(samples: list[Sample]) -> list[Sample]:
     """Each picture replaced by a text part with the row's description of it (its `image_description` column: one text, or
     one per picture): the text-only baseline. A row with pictures and no description is one line naming it."""
-    out = []
-    for s in samples:
-        if not has_images(s):
-            out.append(s)
-            continue
-        said = s.fields.get("image_description")
-        said = [said] if isinstance(said, str) else said
-        if not isinstance(said, list) or not said or not all(isinstance(x, str) for x in said):
-            raise AssayError(f"row id {s.id!r}: --images describe needs an image_description column (a text, or one per picture)")
-        count = iter(range(len(image_parts(s.prompt))))
-        messages = [{**m, "content": [{"type": "text", "text": said[min(next(count), len(said) - 1)]}
-                                      if isinstance(p, dict) and p.get("type") == "image" else p for p in m["content"]]}
-                    if isinstance(m.get("content"), list) else m for m in s.prompt]
-        out.append(dataclasses.replace(s, prompt=messages))
-    return out
+    said: dict[int, list[str]] = {}
+    for i, s in enumerate(samples):
+        if has_images(s):
+            text = s.fields.get("image_description")
+            text = [text] if isinstance(text, str) else text
+            if not isinstance(text, list) or not text or not all(isinstance(x, str) for x in text):
+                raise AssayError(f"row id {s.id!r}: --images describe needs an image_description column (a text, or one per picture)")
+            said[i] = text
+    return _map_pictures(samples, lambda i, j, p: {"type": "text", "text": said[i][min(j, len(said[i]) - 1)]})
 
 
 #: `assay eval --images` and the trainer's held-out check: what becomes of the pictures
