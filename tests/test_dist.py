@@ -34,6 +34,20 @@ def test_two_ranks_give_one_process_gradient(aggregation, lora):
     assert out["loss_sum"] == pytest.approx(out["loss_single"], abs=1e-6)
 
 
+def test_a_sharded_critic_gives_one_process_gradient():
+    """The learned critic of `gae` sharded over two ranks, each fitting its share of five groups (3 and 2) with the whole
+    minibatch's denominator: the single process's values, loss, gradient norm and gradient, with half the weights a rank."""
+    p = torchrun(str(HERE / "_dist_critic.py"))
+    assert p.returncode == 0, p.stderr[:1500] + "\n...\n" + p.stderr[-1500:]
+    out = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    assert out["max_grad"] > 1e-3 and out["max_diff"] <= 1e-5 * out["max_grad"] * 10, out
+    single, sharded = out["single"], out["sharded"]
+    assert sharded["critic/loss"] == pytest.approx(single["critic/loss"], rel=1e-5)
+    assert sharded["critic/grad_norm"] == pytest.approx(single["critic/grad_norm"], rel=1e-5)
+    assert sharded["critic/explained_variance"] == single["critic/explained_variance"]
+    assert out["sharded_params"] < 0.6 * out["single_params"]
+
+
 def test_an_engine_gets_the_sharded_policy_one_unit_at_a_time():
     """What a sharded policy streams to an inference engine: the single process's weights by name (a LoRA policy's merged),
     exactly, with no more than one FSDP2 unit (the root's own weights, or one decoder layer) whole at any time."""
@@ -155,3 +169,77 @@ def test_lora_under_torchrun_checkpoints_the_adapters_and_moves_between_world_si
     assert b and max(float(v.abs().max()) for v in b) > 0  # B starts at 0: these adapters trained
     p = _assay("eval", "--model", str(final), "--n", "16", "--workers", "0")
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(*args: str, timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Two `torchrun` agents, one process each, meeting at a c10d rendezvous as two machines would: `RANK` 0 and 1, and
+    `LOCAL_RANK` 0 on both (the difference from one machine with two processes)."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "nodes",
+                               "--max-restarts", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=HERE.parent, env={**os.environ, "OMP_NUM_THREADS": "1"}) for node in (0, 1)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+@pytest.mark.slow
+def test_two_machines_of_one_process_train_as_one_machine_of_two(tmp_path):
+    """`torchrun --nnodes 2`: two agents (as on two machines sharing the output folder) train, checkpoint and resume,
+    and give the same metrics row for row as `--nproc-per-node 2` on one machine; files are written once, by rank 0."""
+    out = f"output_dir={tmp_path}"
+    assert torchrun("-m", "assay", "train", *COMMON, out, "run_name=one-node", "train.steps=4").returncode == 0
+    for p in _two_nodes("-m", "assay", "train", *COMMON, out, "run_name=two-nodes", "train.steps=2"):
+        assert p.returncode == 0, p.stderr[-2000:]
+    ckpt = tmp_path / "two-nodes" / "checkpoints" / "step_000002"
+    assert {p.name for p in ckpt.glob("rng-rank*.pt")} == {"rng-rank0.pt", "rng-rank1.pt"}
+    nodes = _two_nodes("-m", "assay", "train", "--resume", str(tmp_path / "two-nodes"), "train.steps=4", "--no-progress")
+    for p in nodes:
+        assert p.returncode == 0, p.stderr[-2000:]
+    assert "steps: 4" in nodes[0].stderr and "run folder" not in nodes[1].stderr  # the summary comes from rank 0 alone
+    assert _rows(tmp_path / "two-nodes") == _rows(tmp_path / "one-node")
+    assert (tmp_path / "two-nodes" / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_gae_run_shards_its_critic_and_moves_between_world_sizes(tmp_path):
+    """`algo.advantage=gae` under torchrun: the critic's shards in `dcp-critic/` (no whole copy written by rank 0), and
+    the run resumes in one process and a single-process run in two, the critic training throughout."""
+    out, gae = f"output_dir={tmp_path}", "algo.advantage=gae"
+    assert torchrun("-m", "assay", "train", *COMMON, out, gae, "run_name=two", "train.steps=2").returncode == 0
+    ckpt = tmp_path / "two" / "checkpoints" / "step_000002"
+    assert (ckpt / "dcp-critic").is_dir() and not (ckpt / "critic.safetensors").exists()
+    p = _assay("train", "--resume", str(tmp_path / "two"), "train.steps=4", "--no-progress")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert _assay("train", *COMMON, out, gae, "run_name=one", "train.steps=2").returncode == 0
+    assert (tmp_path / "one" / "checkpoints" / "step_000002" / "critic.safetensors").is_file()
+    p = torchrun("-m", "assay", "train", "--resume", str(tmp_path / "one"), "train.steps=4", "--no-progress")
+    assert p.returncode == 0, p.stderr[-2000:]
+    for run in ("two", "one"):
+        rows = _rows(tmp_path / run)
+        assert sorted(rows) == [0, 1, 2, 3, 4]
+        assert all(r["critic/loss"] > 0 and "critic/explained_variance" in r for s, r in rows.items() if s > 0), run
+    # two → two: the critic's shards come back exactly (its values decide the advantages, its metrics are logged)
+    assert torchrun("-m", "assay", "train", *COMMON, out, gae, "run_name=whole", "train.steps=4").returncode == 0
+    assert torchrun("-m", "assay", "train", *COMMON, out, gae, "run_name=cut", "train.steps=2").returncode == 0
+    assert torchrun("-m", "assay", "train", "--resume", str(tmp_path / "cut"), "train.steps=4", "--no-progress").returncode == 0
+    assert _rows(tmp_path / "cut") == _rows(tmp_path / "whole")
+
+
+def test_commands_that_run_in_one_process_are_refused_under_torchrun(tmp_path):
+    """`assay rm train` under torchrun would train whole in every process, all writing one folder: one line, exit 2."""
+    p = torchrun("-m", "assay", "rm", "train", "train.steps=2", f"output_dir={tmp_path}")
+    assert p.returncode != 0
+    assert "assay rm train runs in one process; run it without torchrun" in p.stderr
+    assert not list(tmp_path.iterdir())

@@ -513,6 +513,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_process_unless_train(args) -> None:
+    """Under `torchrun` only `assay train` shares the work between the processes; any other command would run whole in
+    every one of them, all writing the same folder, so it is refused in one line."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or args.command == "train":
+        return
+    name = " ".join(x for x in (args.command, getattr(args, f"{args.command}_command", None)) if x)
+    raise AssayError(f"assay {name} runs in one process; run it without torchrun (under torchrun only `assay train` shares "
+                     "its work between the processes: docs/scaling.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from assay.log import setup_cli_logging
 
@@ -525,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        _one_process_unless_train(args)
         code = args.fn(args)
     except AssayError as e:
         print(f"assay: error: {e}", file=sys.stderr)

@@ -68,9 +68,23 @@ class Critic:
     def __init__(self, policy, cfg: CriticConfig, seed: int = 0):
         self.cfg = cfg
         self.model = ValueModel(policy, seed).eval()
+        self.ranks = None  # set by `shard`: the ranks of a torchrun job, each fitting its share of the groups
+        self._optimizer()
+
+    def _optimizer(self) -> None:
+        cfg = self.cfg
         self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(  # fp32 masters for a bf16 critic
             ps, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay))
         self.opt = self.weights.optimizer
+
+    def shard(self, ranks, bf16: bool = False) -> None:
+        """Shard the value model over a torchrun job's ranks with FSDP2, as the policy is (`assay.training.dist.shard`): each
+        rank keeps 1/N of its weights and AdamW state, and `fit` trains each rank on its share of the groups."""
+        from assay.training.dist import shard
+
+        shard(self.model, ranks, bf16=bf16)
+        self.ranks = ranks
+        self._optimizer()  # over the shards
 
     @torch.no_grad()
     def values(self, batch) -> torch.Tensor:
@@ -108,16 +122,42 @@ class Critic:
                 m = scored[idx]
                 if m.sum() == 0:
                     continue
-                loss_mat, lm = value_loss(self.model(batch.select(idx)), old_values[idx], returns[idx], m, clip=self.cfg.value_clip)
-                loss = aggregate(loss_mat, m, "token-mean")
                 self.weights.zero_grad()
-                loss.backward()
-                grad_norm = self.weights.step(self.cfg.grad_clip)
-                for k, v in {"critic/loss": loss.item(), "critic/grad_norm": grad_norm, "critic/vf_clip_frac": lm["vf_clip_frac"]}.items():
+                if self.ranks is not None and self.ranks.active:
+                    step = self._sharded_pass(batch, idx, old_values, returns, scored)
+                else:
+                    loss_mat, lm = value_loss(self.model(batch.select(idx)), old_values[idx], returns[idx], m, clip=self.cfg.value_clip)
+                    loss = aggregate(loss_mat, m, "token-mean")
+                    loss.backward()
+                    step = {"critic/loss": loss.item(), "critic/vf_clip_frac": lm["vf_clip_frac"]}
+                step["critic/grad_norm"] = self.weights.step(self.cfg.grad_clip)
+                for k, v in step.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()
         out.update({k: sum(v) / len(v) for k, v in agg.items()})
         return out
+
+    def _sharded_pass(self, batch, idx: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:
+        """This rank's part of one minibatch's backward: its share of the minibatch's groups, the loss summed over its tokens
+        and divided by the whole minibatch's scored tokens, so that FSDP2's sum of the ranks' gradients is the single
+        process's `token-mean` gradient. A rank with no rows runs a masked row (every rank must run the same forwards)."""
+        from assay.training.dist import weighted_mean
+
+        groups = torch.unique(batch.group)
+        mine = groups[self.ranks.share(len(groups))]
+        total = float(scored[idx].sum())
+        rows = idx[torch.isin(batch.group[idx], mine)]
+        if rows.numel():
+            m = scored[rows]
+            loss_mat, lm = value_loss(self.model(batch.select(rows)), old_values[rows], returns[rows], m, clip=self.cfg.value_clip)
+            loss = (loss_mat * m).sum() / total
+            step, share = {"critic/loss": loss.item(), "critic/vf_clip_frac": lm["vf_clip_frac"]}, float(m.sum()) / total
+        else:
+            row = idx[:1]
+            loss = self.model(batch.select(row)).sum() * 0.0
+            step, share = {}, 0.0
+        loss.backward()
+        return weighted_mean(self.ranks, step, share, sums=("critic/loss",))
 
     # -- checkpoints -------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -129,7 +169,14 @@ class Critic:
         return {"optimizer": self.opt.state_dict(), "master_weights": self.weights.master_state()}
 
     def load(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
-        """Weights from `critic.safetensors` and `state_dict()`'s state (or, from older checkpoints, AdamW's state alone)."""
+        """Weights from `critic.safetensors` and `state_dict()`'s state (or, from older checkpoints, AdamW's state alone).
+        A sharded critic takes a single process's checkpoint whole, each rank keeping its shards of it."""
+        if self.ranks is not None:
+            from assay.training.dist import load_full_state, named_optimizer_state
+
+            opt = state["optimizer"] if "optimizer" in state else state
+            load_full_state(self.model, self.opt, tensors, named_optimizer_state(self.model, opt))
+            return
         self.model.load_state_dict(tensors)
         self.weights.load_master(state.get("master_weights") if "optimizer" in state else None)
         self.opt.load_state_dict(state["optimizer"] if "optimizer" in state else state)

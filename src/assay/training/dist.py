@@ -158,16 +158,16 @@ class NullSink:
         pass
 
 
-def weighted_mean(ranks: Ranks, metrics: dict[str, float], weight: float) -> dict[str, float]:
-    """Each key's mean over ranks, weighted by each rank's `weight` (its share of the batch); keys ending in
-    `actor/loss` are sums of shares already and are added."""
+def weighted_mean(ranks: Ranks, metrics: dict[str, float], weight: float, sums: tuple[str, ...] = ("actor/loss",)) -> dict[str, float]:
+    """Each key's mean over ranks, weighted by each rank's `weight` (its share of the batch); the keys in `sums`
+    (a loss divided by the whole batch's denominator on every rank) are sums of shares already and are added."""
     rows = ranks.gather((metrics, weight))
     total = sum(w for _, w in rows) or 1.0
     keys = sorted({k for m, _ in rows for k in m})
     out = {}
     for k in keys:
         parts = [(m[k], w) for m, w in rows if k in m]
-        out[k] = sum(v for v, _ in parts) if k == "actor/loss" else sum(v * w for v, w in parts) / (sum(w for _, w in parts) or total)
+        out[k] = sum(v for v, _ in parts) if k in sums else sum(v * w for v, w in parts) / (sum(w for _, w in parts) or total)
     return out
 
 
@@ -188,7 +188,7 @@ def shard(model, ranks: Ranks, bf16: bool = False):
 
 
 def _layers(model) -> list:
-    body = getattr(model, "model", None) or getattr(model, "base_model", None)
+    body = getattr(model, "model", None) or getattr(model, "base_model", None) or getattr(model, "backbone", None)  # a critic's
     layers = getattr(body, "layers", None)
     return list(layers) if layers is not None else []
 
@@ -253,23 +253,23 @@ def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
             unit.reshard()
 
 
-def save_sharded(folder: Path, model, optimizer, trainable_only: bool = False) -> None:
-    """The model's and optimizer's shards under `folder/dcp` (every rank writes its own; call on every rank).
+def save_sharded(folder: Path, model, optimizer, trainable_only: bool = False, name: str = "dcp") -> None:
+    """The model's and optimizer's shards under `folder/name` (every rank writes its own; call on every rank).
     `trainable_only`: the weights that train and nothing frozen (a LoRA run: the adapters, not the base)."""
     import torch.distributed.checkpoint as dcp
 
     msd, osd = _state_dicts(model, optimizer, trainable_only)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(Path(folder) / "dcp"))
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(Path(folder) / name))
 
 
-def load_sharded(folder: Path, model, optimizer, trainable_only: bool = False) -> None:
+def load_sharded(folder: Path, model, optimizer, trainable_only: bool = False, name: str = "dcp") -> None:
     """Load `save_sharded`'s checkpoint into `model` and `optimizer`, however many ranks wrote it and however many read it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     msd, osd = _state_dicts(model, optimizer, trainable_only)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=str(Path(folder) / "dcp"))
+    dcp.load(state, checkpoint_id=str(Path(folder) / name))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_options(trainable_only))
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,6 +79,17 @@ class Extra:
 
     def load(self, tensors: dict[str, torch.Tensor] | None, state: dict[str, Any] | None) -> None:
         pass
+
+    # -- a torchrun job (`assay.training.sharded`) --------------------------------------
+    def shard(self, ranks: Any, bf16: bool) -> None:
+        """Shard this extra's model over the job's ranks (nothing to shard: no-op)."""
+
+    def save_shards(self, folder: Path) -> None:
+        """Write this extra's shards into the checkpoint `folder` (called on every rank; nothing sharded: no-op)."""
+
+    def load_shards(self, folder: Path) -> bool:
+        """Read the shards `save_shards` wrote into `folder`, if it wrote any (True), into any number of ranks or one process."""
+        return False
 
 
 EXTRAS: Registry[type[Extra]] = Registry("extra")
@@ -229,16 +241,35 @@ class Values(Extra):
         dev = batch.mask.device
         return self.critic.fit(batch, value, returns.to(dev), on.to(dev), epochs=algo.epochs, minibatches=algo.minibatches)
 
+    SHARDS = "dcp-critic"  # a torchrun job's checkpoint: the critic's weights and AdamW shards, beside the policy's `dcp/`
+
     def tensors(self):
-        return self.critic.tensors()
+        return None if self.critic.ranks is not None else self.critic.tensors()  # sharded: in `save_shards`' folder
 
     def state_dict(self):
-        return self.critic.state_dict()
+        return {"shards": self.SHARDS} if self.critic.ranks is not None else self.critic.state_dict()
 
     def load(self, tensors, state):
         if tensors is None or state is None:
             raise AssayError(f"--resume: the checkpoint has no critic; algo.advantage={self.trainer.cfg.algo.advantage!r} needs one")
         self.critic.load(tensors, state)
+
+    def shard(self, ranks, bf16):
+        self.critic.shard(ranks, bf16)
+
+    def save_shards(self, folder):
+        if self.critic.ranks is not None:
+            from assay.training.dist import save_sharded
+
+            save_sharded(folder, self.critic.model, self.critic.opt, name=self.SHARDS)
+
+    def load_shards(self, folder):
+        if not (Path(folder) / self.SHARDS).is_dir():
+            return False
+        from assay.training.dist import load_sharded
+
+        load_sharded(folder, self.critic.model, self.critic.opt, name=self.SHARDS)
+        return True
 
 
 # ---------------------------------------------------------------- turns of an episode

@@ -230,6 +230,16 @@ class Trainer:
         return self.step >= self.cfg.train.steps and self.evaluated_at == self.step and (self.run_dir / "final" / STATE_FILE).is_file()
 
     # -- checkpoints -------------------------------------------------------------------
+    def _load_extras(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """The extras' weights and state (the critic's): a torchrun job's shards, read into any number of ranks, or the
+        files one process wrote."""
+        saved = state.get("extras") or {"values": state.get("critic_optimizer")}  # checkpoints before extras had names
+        for name, extra in self.extras.items():
+            if extra.load_shards(ckpt):
+                continue
+            weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
+            extra.load(weights, saved.get(name))
+
     def _state(self) -> dict[str, Any]:
         return {
             "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
@@ -288,10 +298,7 @@ class Trainer:
             self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self._restore({"data": state["data"], "selection": state.get("selection", state.get("sampling")), "rng": state["rng"]})
-        saved = state.get("extras") or {"values": state.get("critic_optimizer")}  # checkpoints before extras had names
-        for name, extra in self.extras.items():
-            weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
-            extra.load(weights, saved.get(name))
+        self._load_extras(ckpt, state)
         if state.get("health") is not None:
             self.health.load_state_dict(state["health"])
         if state.get("async_health") is not None:

@@ -25,8 +25,9 @@ Left out, and refused in one line: a model outside the Llama family (generation 
 gathered weights through `StaticDecoder`, without the model's own forward), the `openai` backend
 (one server fed by every rank is not written yet). Not applied: micro-batches
 (`train.micro_batch_mb`; a rank's micro-batch count would have to match the others', so a rank
-runs its share of a minibatch whole). The reference policy and a critic are replicated on every
-rank, not sharded.
+runs its share of a minibatch whole). The reference policy is replicated on every rank, not sharded;
+a critic is sharded as the policy is, fits its share of the groups and checkpoints its own shards
+(`dcp-critic/`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from assay.errors import AssayError
 from assay.models import save_tokenizer
 from assay.models.llama import supported
 from assay.models.lora import load_adapter
-from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, latest_checkpoint, load_state, load_tensors, prune_checkpoints,
+from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, latest_checkpoint, load_state, prune_checkpoints,
                                        rng_state)
 from assay.training.dist import (Ranks, full_state, full_weights, load_full_state, load_sharded, named_optimizer_state, save_sharded, shard,
                                  weighted_mean)
@@ -99,6 +100,8 @@ class ShardedTrainer(Trainer):
         if self.ref is not None and bf16 and self.adapter is None:  # a LoRA run's reference is the policy, adapters off
             self.ref.to(torch.bfloat16)
         shard(self.model, self.ranks, bf16=bf16)
+        for extra in self.extras.values():  # the critic, sharded as the policy is
+            extra.shard(self.ranks, bf16)
 
     def generating(self):
         """The torch sampler reads the policy's whole weights (gathered for the block); an engine holds its own copy."""
@@ -210,6 +213,8 @@ class ShardedTrainer(Trainer):
             tmp.mkdir(parents=True)
         self.ranks.barrier()
         save_sharded(tmp, self.model, self.opt, trainable_only=self.adapter is not None)  # a LoRA run: the adapters alone
+        for extra in self.extras.values():
+            extra.save_shards(tmp)
         torch.save(rng_state(self.generator), tmp / _rng_file(self.ranks.rank))
         state = self._state()
         self.ranks.barrier()
@@ -263,10 +268,7 @@ class ShardedTrainer(Trainer):
         self._restore({"data": state["data"], "selection": state.get("selection"), "rng": rng or state["rng"]})
         if rng is None and self.ranks.rank:  # a rank the checkpoint's run did not have: its own stream from here
             self.generator.manual_seed(self._stream_seed() + record["step"])
-        saved = state.get("extras") or {}
-        for name, extra in self.extras.items():
-            weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
-            extra.load(weights, saved.get(name))
+        self._load_extras(ckpt, state)
         if state.get("health") is not None:
             self.health.load_state_dict(state["health"])
         self.watch.load_state_dict(state.get("monitor"))
