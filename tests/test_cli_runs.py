@@ -123,7 +123,6 @@ def test_the_docs_state_when_resume_is_bit_for_bit():
 
 #: each "not yet" of the README, and what its code would contain once it is done
 NOT_YET = {
-    "A shared server behind a sharded learner": r"push_from_ranks|server_from_ranks",
     "Pictures through an OpenAI-compatible server": r"pictures_to_server",
 }
 

@@ -243,3 +243,23 @@ def test_commands_that_run_in_one_process_are_refused_under_torchrun(tmp_path):
     assert p.returncode != 0
     assert "assay rm train runs in one process; run it without torchrun" in p.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_torchrun_ranks_generate_their_shares_with_one_openai_server(tmp_path):
+    """`rollout.backend=openai` under torchrun against `assay serve model` (a fixed server: no weight routes): both ranks
+    send their shares to the one server, which returns token ids and the sampled tokens' logprobs; before the first update
+    the learner scores the served tokens exactly as the server did."""
+    sys.path.insert(0, str(HERE))
+    from test_judge import Proc
+
+    server = Proc([sys.executable, "-m", "assay.cli", "serve", "model", "tiny-arith", "--port", "0", "--max-new-tokens", "8"], "serving model")
+    try:
+        p = torchrun("-m", "assay", "train", *COMMON, f"output_dir={tmp_path}", "run_name=r", "train.steps=2", "rollout.backend=openai",
+                     f"rollout.server_url={server.url}")
+        health = server.get("/health")
+    finally:
+        assert server.stop() == 0
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = _rows(tmp_path / "r")
+    assert rows[1]["mismatch/abs_diff_mean"] < 1e-5 and rows[2]["engine/staleness"] == 2.0
+    assert rows[0]["eval/accuracy"] > 0.2 and health["requests"] >= 2 * 8  # at least one request per prompt of each step

@@ -257,6 +257,29 @@ def test_each_torchrun_rank_generates_with_its_own_engine(tmp_path):
     assert (tmp_path / "r" / "final" / "model.safetensors").is_file()
 
 
+def test_torchrun_ranks_share_one_server_and_rank_0_pushes_the_sharded_weights(tmp_path, vllm_server, engine_sampler, bundled):
+    """`torchrun --nproc-per-node 2 -m assay train rollout.backend=openai`: both ranks generate their shares with one
+    `vllm serve`; after every update the ranks gather the sharded policy one unit at a time and rank 0 pushes it; the
+    probe check passes every step and the learner's logprobs of the served tokens match the server's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "assay", "train", "--no-progress",
+           f"output_dir={tmp_path}", "run_name=r", "rollout.backend=openai", f"rollout.server_url={vllm_server}", "rollout.weight_sync=push",
+           "train.steps=3", "train.eval_every=3", "train.eval_n=32", "train.save_every=0", "train.threads=1", "rollout.prompts_per_step=8"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        engine_sampler("openai").update_weights(bundled[0], 0)  # the session's server holds the trained weights: the bundled ones back
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    steps = [r for r in rows if "engine/sync_diff_mean" in r]
+    assert len(steps) == 3 and all(r["engine/sync_diff_mean"] < 1e-3 and r["mismatch/abs_diff_mean"] < 1e-3 for r in steps), steps
+    assert all(r["engine/staleness"] == 0.0 for r in steps)
+
+
 def test_image_prompts_on_the_engine_match_the_learner_and_survive_a_sync(tmp_path):
     """A vision-language policy on vLLM: prompts with one and two pictures, the engine's own expansion of the
     placeholders checked against the processor's, logprobs equal to the learner's before and after a weight sync."""

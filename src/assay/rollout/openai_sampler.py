@@ -11,7 +11,11 @@ tokenizer's vocabulary, and a token outside it is one error line, never a silent
 Weights (`rollout.weight_sync`): with `push` (or `auto`, when the server offers them) the
 learner's weights go to the server after every update through vLLM's weight-transfer
 routes with assay's `assay_http` backend (`assay.rollout.weight_transfer`), followed by the
-probe check (`assay.rollout.sync`). Otherwise the server is fixed: the run says once that
+probe check (`assay.rollout.sync`). In a `torchrun` job every rank generates its share with
+the one server, and rank 0 alone talks to its weight routes: the sharded policy is gathered one
+FSDP2 unit at a time on every rank (`dist.engine_weights`) and rank 0 sends each, the ranks
+wait for the push to finish before any generates, and the check's verdict is rank 0's, on
+every rank. Otherwise the server is fixed: the run says once that
 it trains off-policy, every trajectory carries the server's version 0, and
 `engine/staleness` logs how many updates the server is behind.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -37,6 +41,7 @@ from assay.rollout.base import SamplingParams, encode_prompt
 from assay.rollout.http import JsonClient
 from assay.rollout.sync import check_sync, learner_probe_logprobs, probe_ids, tolerance_for
 from assay.rollout.weight_transfer import BACKEND, encode_chunks
+from assay.training.dist import engine_weights, is_sharded
 from assay.types import Sample, Trajectory
 from assay.vision.inputs import placeholder_ids
 
@@ -54,6 +59,9 @@ class OpenAISampler:
     def __init__(self, model, tokenizer, rollout, device: str | torch.device = "cpu"):
         if not rollout.server_url:
             raise AssayError("rollout.backend=openai needs rollout.server_url, for example rollout.server_url=http://127.0.0.1:8000")
+        from assay.training.dist import Ranks
+
+        self.ranks = Ranks.from_env(torch.device(device))  # the torchrun job this process is a rank of (alone: rank 0 of 1)
         self.tokenizer, self.eos_id = tokenizer, tokenizer.eos_token_id
         self.client = JsonClient(rollout.server_url, os.environ.get(rollout.api_key_env), rollout.request_timeout, rollout.max_retries)
         self.pool = ThreadPoolExecutor(max_workers=rollout.max_concurrency, thread_name_prefix="assay-openai")
@@ -62,10 +70,11 @@ class OpenAISampler:
         self.probe = probe_ids(text_config(model).vocab_size, avoid=placeholder_ids(model))
         self.model, self.version, self.learner_version = model, 0, 0
         self._metrics: dict[str, float] = {}
-        self._checked_temperature = False
         self.push = self._choose_sync(rollout.weight_sync)
         if self.push:
             self.update_weights(model, 0)
+            if rollout.temperature not in (0.0, 1.0):  # now, while the policy is whole on every rank (before torchrun shards it)
+                self._on_main(lambda: self._check_temperature(model, rollout.temperature))
         elif self.verify:
             self._warn_if_different(model)
 
@@ -76,8 +85,25 @@ class OpenAISampler:
             raise AssayError(f"server {self.client.base}: /v1/models lists no model; set rollout.server_model")
         return models[0]["id"]
 
+    def _on_main(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` run on rank 0 alone, its result (or its `AssayError`, raised) on every rank: one rank talks to the server."""
+        out: Any = None
+        if self.ranks.main:
+            try:
+                out = fn()
+            except AssayError as e:
+                out = e
+        out = self.ranks.broadcast(out)
+        if isinstance(out, AssayError):
+            raise out
+        return out
+
     def _choose_sync(self, mode: str) -> bool:
-        """Whether weights are pushed: `push` requires the routes, `auto` uses them when offered, `none` never."""
+        """Whether weights are pushed: `push` requires the routes, `auto` uses them when offered, `none` never (rank 0 asks
+        the server; every rank follows its answer)."""
+        return self._on_main(lambda: self._ask_server(mode))
+
+    def _ask_server(self, mode: str) -> bool:
         if mode == "none":
             log.warning(f"rollout.backend=openai: weight_sync=none: training off-policy from the fixed server {self.client.base} "
                         "(engine/staleness counts the updates it is behind)")
@@ -93,6 +119,8 @@ class OpenAISampler:
         return False
 
     def _warn_if_different(self, model) -> None:
+        if not self.ranks.main:
+            return
         engine = self.probe_logprobs()
         if engine is None:
             return
@@ -109,22 +137,32 @@ class OpenAISampler:
             self._metrics["engine/staleness"] = float(version - self.version)
             return
         t0 = time.perf_counter()
-        self.client.post("/pause", {}, params={"mode": "wait"})
-        self.client.post("/start_weight_update", {})
-        for chunk in encode_chunks(model):
-            self.client.post("/update_weights", {"update_info": chunk})
-        self.client.post("/finish_weight_update", {"weight_version": str(version)})
-        self.client.post("/reset_prefix_cache", {})  # cached prompt blocks hold keys and values of the old weights
-        self.client.post("/resume", {})
+        sharded = is_sharded(model)
+        if self.ranks.main:
+            self.client.post("/pause", {}, params={"mode": "wait"})
+            self.client.post("/start_weight_update", {})
+            for chunk in encode_chunks(model, weights=engine_weights(model) if sharded else None):
+                self.client.post("/update_weights", {"update_info": chunk})
+            self.client.post("/finish_weight_update", {"weight_version": str(version)})
+            self.client.post("/reset_prefix_cache", {})  # cached prompt blocks hold keys and values of the old weights
+            self.client.post("/resume", {})
+        elif sharded:
+            for _ in engine_weights(model):  # each unit's gather is collective: rank 0 sends what every rank gathers
+                pass
+        self.ranks.barrier()  # no rank generates before the server holds the new weights
         self.version = version
         self._metrics.update({"engine/sync_s": time.perf_counter() - t0, "engine/staleness": 0.0})
         if self.verify:
-            engine = self.probe_logprobs()
-            if engine is None:
-                raise AssayError(f"server {self.client.base} returns no prompt logprobs, so the weight sync cannot be checked; "
-                                 "set rollout.verify_sync=false to push without checking")
-            self._metrics.update(check_sync(engine, learner_probe_logprobs(model, self.probe), self.tolerance,
-                                            f"server {self.client.base}", version))
+            learner = learner_probe_logprobs(model, self.probe)  # a sharded forward: every rank takes part
+            self._metrics.update(self._on_main(lambda: check_sync(self._served_probe(), learner, self.tolerance,
+                                                                  f"server {self.client.base}", version)))
+
+    def _served_probe(self) -> list[float]:
+        engine = self.probe_logprobs()
+        if engine is None:
+            raise AssayError(f"server {self.client.base} returns no prompt logprobs, so the weight sync cannot be checked; "
+                             "set rollout.verify_sync=false to push without checking")
+        return engine
 
     def probe_logprobs(self) -> list[float] | None:
         """The server's log p(probe[t] | probe[:t]) (vLLM's `prompt_logprobs`), or None when it has none."""
@@ -161,8 +199,6 @@ class OpenAISampler:
             trajs.extend(self._trajectory(sample, ids, c, g) for c in choices)
         if len(trajs) != len(samples) * n:
             raise AssayError(f"server {self.client.base} returned {len(trajs)} completions for {len(samples)} prompts × {n}")
-        if not self._checked_temperature and params.temperature not in (0.0, 1.0) and self.push and trajs:
-            self._check_temperature(trajs[: 4 * n], params.temperature)
         return trajs
 
     def _body(self, ids: list[int], n: int, params: SamplingParams, seed: int | None) -> dict[str, Any]:
@@ -177,6 +213,9 @@ class OpenAISampler:
         lp = choice.get("logprobs") or {}
         ids = choice.get("token_ids")
         if ids is None:
+            if not lp and choice.get("text"):
+                raise AssayError(f"server {self.client.base} returned completions without their tokens' logprobs (the request asks for "
+                                 "them, `logprobs: 0`); rollout.backend=openai needs a server that returns them (vLLM, assay serve model)")
             ids = self._ids_of(lp.get("tokens") or [])
         logprobs = [float(x) for x in (lp.get("token_logprobs") or [])]
         if len(logprobs) != len(ids):
@@ -194,19 +233,26 @@ class OpenAISampler:
                              "vocabulary; use a server that supports return_token_ids (vLLM)")
         return list(ids)
 
-    def _check_temperature(self, trajs: list[Trajectory], temperature: float) -> None:
-        """Stop when the server's logprobs are the untempered ones (a vLLM server without `--logprobs-mode processed_logprobs`)."""
+    def _check_temperature(self, model, temperature: float) -> None:
+        """Stop when the server's logprobs are the untempered ones (a vLLM server without `--logprobs-mode processed_logprobs`):
+        four completions of the probe's start, sampled at the run's temperature from the server that now holds the learner's
+        weights, scored by the learner at that temperature and at 1."""
         from assay.rollout.base import pad_id
         from assay.batch import collate
         from assay.models.logprobs import token_logprobs
         from assay.types import RewardResult
 
-        self._checked_temperature = True
-        batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id(self.tokenizer), next(self.model.parameters()).device)
+        prompt = self.probe[:8]
+        answer = self.client.post("/v1/completions", self._body(prompt, 4, SamplingParams(8, temperature), seed=0))
+        trajs = [self._trajectory(Sample("temperature-check", ""), prompt, c, 0) for c in answer["choices"]]
+        trajs = [t for t in trajs if t.completion_ids]
+        if not trajs:
+            return
+        batch = collate(trajs, [RewardResult(0.0)] * len(trajs), pad_id(self.tokenizer), next(model.parameters()).device)
         served = torch.nn.utils.rnn.pad_sequence([torch.tensor(t.logprobs, dtype=torch.float32, device="cpu") for t in trajs], batch_first=True)
         width = served.shape[1]
         with torch.no_grad():
-            gaps = [float(((token_logprobs(self.model, batch, t, fast=False)[0][:, :width].cpu() - served) * batch.mask[:, :width].cpu()).abs().sum())
+            gaps = [float(((token_logprobs(model, batch, t, fast=False)[0][:, :width].cpu() - served) * batch.mask[:, :width].cpu()).abs().sum())
                     for t in (temperature, 1.0)]
         if gaps[1] < gaps[0]:
             raise AssayError(f"server {self.client.base} returns logprobs before temperature (vLLM's default); start it with "

@@ -9,7 +9,11 @@ at a time (a lock), on the device given (CPU by default); `post` blocks, so the 
 * `GET /v1/models` -> `{"object": "list", "data": [{"id": NAME, "object": "model", ...}]}`
 * `POST /v1/completions` with `prompt` (a string, or a list of token ids), `max_tokens`,
   `temperature` (0: greedy), `top_p`, `n`, `seed`, `stop` (a string or a list of them) ->
-  `{"choices": [{"index", "text", "finish_reason", "logprobs": null}], "usage": {...}}`.
+  `{"choices": [{"index", "text", "finish_reason", "logprobs": null}], "usage": {...}}`. With
+  `logprobs` (an integer, as OpenAI's completions take it) each choice's `logprobs` holds
+  `tokens` and `token_logprobs`: the sampled tokens' log-probabilities under the distribution
+  they were sampled from (after temperature and top-p, as vLLM's `processed_logprobs`); with
+  vLLM's `return_token_ids: true`, `token_ids` too, so `rollout.backend=openai` trains with it.
 * `POST /v1/chat/completions` with `messages`, rendered by the tokenizer's chat template
   (generation prompt added); a model without a template is a 400 that says so. A message's
   `content` may be a list of OpenAI parts: `text`, and `image_url` with a `data:` URL, which a
@@ -125,17 +129,26 @@ class ModelService:
         stops = _stops(body)
         if self.context and len(ids) + max_tokens > self.context:
             raise BadRequest(f"the prompt's {len(ids)} tokens + max_tokens {max_tokens} exceed the model's context of {self.context} tokens")
-        outs = self._generate(ids, n, max_tokens, temperature, top_p, seed, vision)
+        want_logprobs = not chat and body.get("logprobs") is not None and body.get("logprobs") is not False  # 0 asks for them
+        outs, logprobs = self._generate(ids, n, max_tokens, temperature, top_p, seed, vision)
         choices, produced = [], 0
-        for i, out in enumerate(outs):
+        for i, (out, lp) in enumerate(zip(outs, logprobs)):
             produced += len(out)
             eos = bool(out) and out[-1] == self.tokenizer.eos_token_id
             text, stopped = stop_at(self.tokenizer.decode(out, skip_special_tokens=True), stops)
             reason = "stop" if eos or stopped else "length"
             if chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": reason})
-            else:
-                choices.append({"index": i, "text": text, "finish_reason": reason, "logprobs": None})
+                continue
+            if stopped:  # the tokens up to the stop string's cut
+                keep = next(k for k in range(len(out) + 1) if len(self.tokenizer.decode(out[:k], skip_special_tokens=True)) >= len(text))
+                out, lp = out[:keep], lp[:keep]
+            choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+            if want_logprobs:
+                choice["logprobs"] = {"tokens": self.tokenizer.convert_ids_to_tokens(out), "token_logprobs": lp, "top_logprobs": None}
+            if body.get("return_token_ids") is True:
+                choice["token_ids"] = out
+            choices.append(choice)
         return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": self.name, "choices": choices,
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": produced, "total_tokens": len(ids) * n + produced}}
@@ -188,13 +201,16 @@ class ModelService:
     # ---------------------------------------------------------------- generation
 
     def _generate(self, ids: list[int], n: int, max_tokens: int, temperature: float, top_p: float, seed: int | None,
-                  vision: dict[str, Any] | None = None) -> list[list[int]]:
-        """`n` completions of `ids`, each cut after its first EOS `[n][≤ max_tokens]`; `vision`: the prompt's pictures, as the processor made them."""
+                  vision: dict[str, Any] | None = None) -> tuple[list[list[int]], list[list[float]]]:
+        """`n` completions of `ids`, each cut after its first EOS `[n][≤ max_tokens]`, and each token's log-probability under
+        the distribution it was drawn from (after temperature and top-p; greedy: the model's own); `vision`: the prompt's
+        pictures, as the processor made them."""
         import torch
 
         sample = temperature > 0
         kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": sample, "num_return_sequences": n if sample else 1,
-                                  "pad_token_id": self.tokenizer.pad_token_id, "eos_token_id": self.tokenizer.eos_token_id}
+                                  "pad_token_id": self.tokenizer.pad_token_id, "eos_token_id": self.tokenizer.eos_token_id,
+                                  "output_scores": True, "return_dict_in_generate": True}
         if sample:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
         else:
@@ -204,14 +220,17 @@ class ModelService:
             if seed is not None:
                 torch.manual_seed(seed)
             pictures = {k: torch.as_tensor(v, device=self.device) for k, v in (vision or {}).items()}
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), **pictures, **kwargs)[:, len(ids):]  # [n, T]
+            gen = self.model.generate(x, attention_mask=torch.ones_like(x), **pictures, **kwargs)
             self.requests += 1
-        rows = out.tolist() if sample else out.tolist() * n  # greedy: n copies of the one completion
-        result = []
-        for row in rows:
-            eos = self.tokenizer.eos_token_id
-            result.append(row[: row.index(eos) + 1] if eos in row else row)
-        return result
+        out = gen.sequences[:, len(ids):]  # [n, T]
+        scores = torch.stack(gen.scores, dim=1).float() if gen.scores else torch.zeros(out.shape[0], 0, 1)  # [n, T, V] processed
+        lp = torch.log_softmax(scores, dim=-1).gather(-1, out[:, : scores.shape[1], None])[..., 0]  # [n, T]
+        rows, lps = out.tolist(), lp.tolist()
+        if not sample:  # greedy: n copies of the one completion
+            rows, lps = rows * n, lps * n
+        eos = self.tokenizer.eos_token_id
+        cut = [row.index(eos) + 1 if eos in row else len(row) for row in rows]
+        return [row[:k] for row, k in zip(rows, cut)], [lp[:k] for lp, k in zip(lps, cut)]
 
 
 def _parts(content: Any, i: int) -> Any:

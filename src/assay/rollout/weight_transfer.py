@@ -17,7 +17,7 @@ This module imports no vLLM: the trainer side needs only the server's URL.
 from __future__ import annotations
 
 import base64
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -39,8 +39,10 @@ def register() -> None:
         pass
 
 
-def encode_chunks(model: Any, chunk_bytes: int = CHUNK_BYTES) -> Iterator[dict[str, Any]]:
-    """`update_info` payloads carrying every parameter of `model` (tied names included), about `chunk_bytes` each.
+def encode_chunks(model: Any, chunk_bytes: int = CHUNK_BYTES, weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+                  ) -> Iterator[dict[str, Any]]:
+    """`update_info` payloads carrying every parameter of `model` (tied names included), about `chunk_bytes` each;
+    `weights`: the `(name, tensor)` pairs to send instead (a sharded policy's, gathered one unit at a time).
 
     Each payload: `names`, `dtype_names`, `shapes` (one per tensor) and `data`, the tensors'
     bytes back to back in that order, base64-encoded.
@@ -50,7 +52,7 @@ def encode_chunks(model: Any, chunk_bytes: int = CHUNK_BYTES) -> Iterator[dict[s
     shapes: list[list[int]] = []
     parts: list[bytes] = []
     size = 0
-    for name, p in merged_weights(model):  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
+    for name, p in merged_weights(model) if weights is None else weights:  # a LoRA policy's layers as W + s·B·A (assay.models.lora)
         t = p.detach().to("cpu").contiguous()
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
         names.append(name)

@@ -19,11 +19,11 @@ It is `Trainer` with the steps that differ when N processes share a run:
 
 With `rollout.backend=vllm` every rank generates with its own engine, which takes the sharded
 weights one FSDP2 unit at a time after each update (`dist.engine_weights`); nothing is gathered
-for generation.
+for generation. With `rollout.backend=openai` every rank sends its share to one server, and rank 0
+pushes the weights the ranks gather one unit at a time (`OpenAISampler`).
 
 Left out, and refused in one line: a model outside the Llama family (generation reads the
-gathered weights through `StaticDecoder`, without the model's own forward), the `openai` backend
-(one server fed by every rank is not written yet). Not applied: micro-batches
+gathered weights through `StaticDecoder`, without the model's own forward). Not applied: micro-batches
 (`train.micro_batch_mb`; a rank's micro-batch count would have to match the others', so a rank
 runs its share of a minibatch whole). The reference policy is replicated on every rank, not sharded;
 a critic is sharded as the policy is, fits its share of the groups and checkpoints its own shards
@@ -66,9 +66,9 @@ class ShardedTrainer(Trainer):
         ranks = Ranks.from_env(torch.device(self.cfg.model.device))
         cfg = self.cfg
         if ranks.active:
-            if cfg.rollout.backend not in ("torch", "vllm"):
-                raise AssayError(f"torchrun with {ranks.world} processes: rollout.backend={cfg.rollout.backend} is not supported yet "
-                                 "(torch and vllm are: each rank generates with its own; a server shared by the ranks is still to be written)")
+            if cfg.rollout.backend not in ("torch", "vllm", "openai"):
+                raise AssayError(f"torchrun with {ranks.world} processes: rollout.backend={cfg.rollout.backend} is not supported "
+                                 "(torch and vllm generate on every rank, openai with one server that every rank sends its share to)")
         return ranks
 
     def _policy_dtype(self) -> str:
