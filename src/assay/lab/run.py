@@ -81,7 +81,8 @@ def _window(xs: list[float], first: bool, n: int = 10) -> float | None:
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """An arm's figures: held-out accuracy, length, repetition, reward and the canary at the start and end (means of the
     first and last 10 steps for per-step series), the alarms that fired (monitor, step), and how far held-out accuracy
-    (best evaluation so far minus the last one) and the canary (10-step means) had fallen when the first alarm fired."""
+    (best evaluation so far minus the last one) and the canary (10-step means) had fallen when the first alarm fired, the
+    largest such fall of held-out accuracy over the run and the first step it reached 5 points."""
     def series(key: str) -> list[float]:
         return [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
 
@@ -103,6 +104,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     evals = [(r["step"], r["eval/accuracy"]) for r in rows if isinstance(r.get("eval/accuracy"), (int, float))]
     before = [a for st, a in evals if alarms and st <= alarms[0][1]]
     out["accuracy_drop_at_alarm"] = max(before) - before[-1] if before else None
+    falls = [(st, max(a for _, a in evals[: i + 1]) - a) for i, (st, a) in enumerate(evals)]
+    out["accuracy_fall_max"] = max((f for _, f in falls), default=None)
+    out["accuracy_fall_step"] = next((st for st, f in falls if f >= 0.05), None)
     return out
 
 
