@@ -45,5 +45,5 @@ if [ "${ASSAY_TORCH:-cpu}" != cuda ]; then
 fi
 
 echo "engine: installing assay ..." >&2
-"${PIP[@]}" install -e '.[test,lora]'
+"${PIP[@]}" install -e '.[test,lora,ray]'
 "$PY" -c "import vllm, torch, assay; print(f'engine ready: vLLM {vllm.__version__}, torch {torch.__version__}')" >&2

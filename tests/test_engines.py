@@ -280,6 +280,26 @@ def test_torchrun_ranks_share_one_server_and_rank_0_pushes_the_sharded_weights(t
     assert all(r["engine/staleness"] == 0.0 for r in steps)
 
 
+@pytest.mark.parametrize("workers", ["cluster.rollout_workers=2", "cluster.learner_workers=2"])
+def test_ray_workers_generate_with_engines_of_their_own(tmp_path, workers):
+    """`rollout.backend=vllm` on Ray: each rollout actor (or each learner actor, a rank of the FSDP2 job) runs a vLLM
+    engine of its own, takes the learner's weights after every update in place and passes the probe check; the learner's
+    logprobs of the engines' tokens match the engines'."""
+    pytest.importorskip("ray", reason="the ray extra is not installed in this venv")
+    from assay.api import train
+    from assay.report.metrics import read_metrics
+
+    result = train(None, "rollout.backend=vllm", "cluster.ray=true", workers, "train.steps=3", "train.eval_every=3", "train.eval_n=32",
+                   "train.save_every=0", "train.threads=1", "rollout.prompts_per_step=8", "reward_workers=0", f"output_dir={tmp_path}",
+                   "run_name=r", progress=False)
+    steps = [r for r in read_metrics(tmp_path / "r" / "metrics.jsonl") if "reward/mean" in r]
+    assert len(steps) == 3
+    assert all(r["engine/sync_diff_mean"] < 1e-3 and r["mismatch/abs_diff_mean"] < 1e-3 for r in steps), steps
+    if "rollout_workers" in workers:
+        assert all(r["cluster/rollout_failures"] == 0.0 for r in steps)
+    assert (tmp_path / "r" / "final" / "model.safetensors").is_file() and result.run_dir
+
+
 def test_image_prompts_on_the_engine_match_the_learner_and_survive_a_sync(tmp_path):
     """A vision-language policy on vLLM: prompts with one and two pictures, the engine's own expansion of the
     placeholders checked against the processor's, logprobs equal to the learner's before and after a weight sync."""

@@ -2,9 +2,10 @@
 
 The training loop does not change; the seams it already has take Ray-backed parts:
 
-- **rollout workers** (`RaySampler`, a `Sampler`): each actor holds a copy of the policy and a torch
-  sampler; a step's prompts are split between them, whole groups each, and the learner pushes its
-  weights to every actor after each update (one object in Ray's store, read by all). An actor that
+- **rollout workers** (`RaySampler`, a `Sampler`): each actor holds a copy of the policy and the run's
+  sampler (`rollout.backend`: torch, or a vLLM engine of its own); a step's prompts are split between
+  them, whole groups each, and the learner pushes its weights to every actor after each update (one
+  object in Ray's store, read by all; an engine takes them in place and passes the probe check). An actor that
   dies fails its prompts into the next step's batch, counted (`cluster/rollout_failures`,
   `cluster/carried_prompts`), and a new actor takes its place with the current weights.
 - **reward workers** (`RayRewardExecutor`, a `RewardExecutor`): each actor scores with a reward
@@ -93,16 +94,22 @@ def _is_dead(error: BaseException) -> bool:
 
 
 class RolloutWorker:
-    """A Ray actor: the policy (loaded from its folder, then given the learner's weights) behind a torch sampler."""
+    """A Ray actor: the policy (loaded from its folder, then given the learner's weights) behind the run's sampler."""
 
-    def __init__(self, model_path: str, device: str, dtype: str, chat_template: str | None, cuda_graphs: bool):
+    def __init__(self, model_path: str, device: str, dtype: str, chat_template: str | None, rollout: dict):
+        from assay.config import RolloutConfig
         from assay.models import load_policy
-        from assay.rollout.torch_sampler import TorchSampler
+        from assay.rollout.base import make_sampler
 
         torch.set_num_threads(1)
         self.model, self.tokenizer = load_policy(model_path, device, dtype, chat_template)
         self.model.eval()
-        self.sampler = TorchSampler(self.model, self.tokenizer, device, cuda_graphs=cuda_graphs)
+        cfg = RolloutConfig.model_validate(rollout)
+        self.sampler = make_sampler(cfg.backend, self.model, self.tokenizer, cfg, device)
+
+    def metrics(self) -> dict[str, float]:
+        """The sampler's own figures since the last call (an engine's `engine/sync_*`)."""
+        return self.sampler.metrics() if hasattr(self.sampler, "metrics") else {}
 
     def load(self, state: dict[str, torch.Tensor], version: int) -> int:
         self.model.load_state_dict(state, strict=False)
@@ -123,6 +130,9 @@ class RaySampler:
     """The `Sampler` over `cluster.rollout_workers` Ray actors (see the module docstring)."""
 
     def __init__(self, model, tokenizer, cfg, device):
+        if cfg.rollout.backend == "openai":
+            raise AssayError("cluster.rollout_workers with rollout.backend=openai: the server generates, not the actors; "
+                             "leave cluster.rollout_workers at 0 (or use rollout.backend=torch or vllm on the actors)")
         self.ray = require_ray()
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.version = 0
@@ -141,7 +151,7 @@ class RaySampler:
         device = "cuda" if c.gpus_per_rollout > 0 else "cpu"
         return cls.options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime=None).remote(
             self.cfg.model.path, device, "float32" if device == "cpu" else self.cfg.model.dtype, self.cfg.model.chat_template,
-            self.cfg.rollout.cuda_graphs)
+            self.cfg.rollout.model_dump(mode="json"))
 
     def _push(self, model, version: int) -> None:
         """The learner's weights to every actor (the whole state gathered first when the learner is sharded)."""
@@ -194,8 +204,20 @@ class RaySampler:
         self._push(model, version)
 
     def metrics(self) -> dict[str, float]:
+        """`cluster/*` counts, and the actors' samplers' own figures (an engine's `engine/sync_*`: the mean over actors,
+        `_max` keys the largest)."""
         out = {f"cluster/{k}": float(v) for k, v in self.counts.items()}
         self.counts = dict.fromkeys(self.counts, 0)
+        parts = []
+        for ref in [h.metrics.remote() for h in self.handles]:
+            try:
+                parts.append(self.ray.get(ref))
+            except Exception as e:  # an actor that died since: its replacement reports next time
+                if not _is_dead(e):
+                    raise
+        for key in sorted({k for p in parts for k in p}):
+            values = [p[key] for p in parts if key in p]
+            out[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
         return out
 
     def sleep(self) -> None:
