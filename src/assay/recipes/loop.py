@@ -8,10 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-
-def warmup(steps: int) -> Callable[[int], float]:
-    """The learning-rate factor of a linear warm-up over `steps` steps (1 throughout when 0)."""
-    return lambda s: min(1.0, (s + 1) / steps) if steps else 1.0
+from assay.training.precision import warmup
 
 
 def fit(model, train: dict[str, Any], name: str, loss_at: Callable[[int], torch.Tensor]) -> None:

@@ -75,3 +75,9 @@ class MasterWeights:
         with torch.no_grad():
             for i, (m, p) in enumerate(zip(self.master, self.params)):
                 m.copy_(p.float() if state is None else state[i])
+
+
+def warmup(steps: int) -> Callable[[int], float]:
+    """The learning-rate factor of a linear warm-up over `steps` optimizer steps (1 throughout when 0), for `LambdaLR`:
+    the RL loop, the reward-model and preference trainers and the recipes share it."""
+    return lambda s: min(1.0, (s + 1) / steps) if steps else 1.0

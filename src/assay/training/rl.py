@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -53,7 +53,7 @@ from assay.training.groups import GoldInjector, PromptPicker, join_groups, score
 from assay.threads import ThreadGovernor
 from assay.training.hacking import HackingAlarm, Watch, repetition
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
-from assay.training.precision import MasterWeights
+from assay.training.precision import MasterWeights, warmup
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
@@ -83,11 +83,6 @@ class RunResult:
         from assay.report.metrics import read_metrics
 
         return read_metrics(self.run_dir / "metrics.jsonl")
-
-
-def _lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
-    warm = cfg.optim.warmup_steps
-    return lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
 
 
 def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
@@ -164,7 +159,7 @@ class Trainer:
         self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(
             ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))  # fp32 masters for a bf16 policy
         self.opt = self.weights.optimizer
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _lr_lambda(cfg))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup(cfg.optim.warmup_steps))
         self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
                                   cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
         self.alarm_stop: str | None = None  # the alarm that ends the run (`train.on_alarm=stop`)
