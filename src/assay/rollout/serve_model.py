@@ -223,7 +223,7 @@ class ModelService:
             gen = self.model.generate(x, attention_mask=torch.ones_like(x), **pictures, **kwargs)
             self.requests += 1
         out = gen.sequences[:, len(ids):]  # [n, T]
-        scores = torch.stack(gen.scores, dim=1).float() if gen.scores else torch.zeros(out.shape[0], 0, 1)  # [n, T, V] processed
+        scores = torch.stack(gen.scores, dim=1).float() if gen.scores else torch.zeros(out.shape[0], 0, 1, device=out.device)  # [n, T, V] processed
         lp = torch.log_softmax(scores, dim=-1).gather(-1, out[:, : scores.shape[1], None])[..., 0]  # [n, T]
         rows, lps = out.tolist(), lp.tolist()
         if not sample:  # greedy: n copies of the one completion
