@@ -263,3 +263,33 @@ def test_torchrun_ranks_generate_their_shares_with_one_openai_server(tmp_path):
     rows = _rows(tmp_path / "r")
     assert rows[1]["mismatch/abs_diff_mean"] < 1e-5 and rows[2]["engine/staleness"] == 2.0
     assert rows[0]["eval/accuracy"] > 0.2 and health["requests"] >= 2 * 8  # at least one request per prompt of each step
+
+
+def test_a_model_outside_the_llama_family_trains_under_torchrun_with_a_server(tmp_path):
+    """A GPT-2 policy (no Llama-family decoder for the torch sampler) under torchrun with `rollout.backend=openai`: sharded
+    block by block (`transformer.h`), trained, checkpointed, and `final/` an ordinary GPT-2 folder."""
+    sys.path.insert(0, str(HERE))
+    from test_judge import Proc
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from assay.models import load_policy
+
+    _, tok = load_policy("tiny-arith")
+    folder = tmp_path / "gpt2"
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=tok.eos_token_id,
+                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    server = Proc([sys.executable, "-m", "assay.cli", "serve", "model", str(folder), "--port", "0", "--max-new-tokens", "8"], "serving model")
+    try:
+        p = torchrun("-m", "assay", "train", *COMMON, f"output_dir={tmp_path}", "run_name=r", "train.steps=2", f"model.path={folder}",
+                     "rollout.backend=openai", f"rollout.server_url={server.url}", "rollout.max_new_tokens=6",
+                     "reward={name: random, args: {p: 0.5}}")  # an untrained model answers nothing right: a reward with spread
+    finally:
+        assert server.stop() == 0
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = _rows(tmp_path / "r")
+    assert rows[2]["actor/grad_norm"] > 0 and rows[1]["mismatch/abs_diff_mean"] < 1e-5
+    assert (tmp_path / "r" / "checkpoints" / "step_000002" / "dcp").is_dir()
+    with open(tmp_path / "r" / "final" / "config.json") as f:
+        assert json.load(f)["architectures"] == ["GPT2LMHeadModel"]

@@ -88,3 +88,27 @@ def test_a_bf16_run_trains_keeps_bf16_weights_and_resumes_exactly(tiny_model_dir
     assert any(not torch.equal(wa[k], start[k].to(torch.bfloat16)) for k in wa)
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("_per_s")} for r in rows]  # noqa: E731
     assert strip(read_metrics(full / "metrics.jsonl")) == strip(read_metrics(cut.run_dir / "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_dropout_is_off_in_the_policy_unless_kept(tmp_path, disable):
+    """A policy whose config has dropout (GPT-2's 0.1 everywhere): with `model.disable_dropout` (the default) the learner's
+    logprobs in training mode are the sampler's, so the first update's ratio is exactly 1; kept, they are not."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from assay.models import load_policy
+
+    _, tok = load_policy("tiny-arith")
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2, eos_token_id=tok.eos_token_id,
+                     bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    run = load_config(None, [f"model.path={tmp_path / 'gpt2'}", f"model.disable_dropout={str(disable).lower()}", "train.steps=1",
+                             "train.eval_every=0", "train.save_every=0", "rollout.max_new_tokens=6", "reward={name: random, args: {p: 0.5}}",
+                             "reward_workers=0", f"output_dir={tmp_path}", "run_name=r"])
+    trainer = Trainer(run)
+    rates = [m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert rates and all((p == 0.0) == disable for p in rates)
+    trainer.fit(progress=False)
+    row = next(r for r in read_metrics(tmp_path / "r" / "metrics.jsonl") if "actor/ratio_mean" in r)
+    assert (row["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)) == disable, row["actor/ratio_mean"]

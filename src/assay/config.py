@@ -54,6 +54,10 @@ class ModelConfig(Section):
     chat_template: str | None = None
     """A chat template (a Jinja file, or the template text) that replaces the tokenizer's own;
     it is saved with the trained model. Null: the tokenizer's own template, if it has one."""
+    disable_dropout: bool = True
+    """Set every dropout of the policy (and so of its reference and critic) to 0, as TRL's `disable_dropout` does: the
+    learner scores tokens in training mode, and dropout there would make its logprobs differ from the sampler's (an
+    importance ratio off 1 before any update; `mismatch/*`). False keeps the model's own dropout rates."""
     freeze: list[str] = Field(default_factory=list)
     """Parameters left untrained: regular expressions, each searched in every parameter's name (`vision_tower` freezes a
     LLaVA model's vision tower; `embed_tokens` the embeddings). Each must match a parameter; the summary's

@@ -131,6 +131,22 @@ def context_length(model) -> int | None:
     return int(n) if n else None
 
 
+def disable_dropout(model) -> int:
+    """Every dropout of `model` to 0 (its `nn.Dropout` modules, and the rates attention layers read at forward time,
+    `attention_dropout`); returns how many were not 0. RL scores tokens in training mode: a dropout there would make the
+    learner's logprobs differ from the sampler's."""
+    import torch
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p:
+            module.p, changed = 0.0, changed + 1
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed
+
+
 def freeze(model, patterns: list[str]) -> None:
     """Stop the parameters whose names match any of `patterns` (`re.search`) from training; one line for a pattern that is
     not a regular expression or matches nothing."""

@@ -188,9 +188,15 @@ def shard(model, ranks: Ranks, bf16: bool = False):
 
 
 def _layers(model) -> list:
+    """The decoder layers, each an FSDP2 unit: `model.layers` of the Llama family's body (a critic's `backbone`), else the
+    model's list of `num_hidden_layers` blocks wherever it lives (GPT-2's `transformer.h`, GPT-NeoX's `gpt_neox.layers`)."""
     body = getattr(model, "model", None) or getattr(model, "base_model", None) or getattr(model, "backbone", None)  # a critic's
     layers = getattr(body, "layers", None)
-    return list(layers) if layers is not None else []
+    if layers is not None:
+        return list(layers)
+    n = getattr(getattr(model, "config", None) or getattr(body, "config", None), "num_hidden_layers", None)
+    found = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and n and len(m) == n), None)
+    return list(found) if found is not None else []
 
 
 def fsdp_modules(model) -> list:

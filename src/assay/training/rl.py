@@ -30,7 +30,7 @@ from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
 from assay.images.flow import configure as configure_images
-from assay.models import context_length, freeze, load_policy, resolve_model_path
+from assay.models import context_length, disable_dropout, freeze, load_policy, resolve_model_path
 from assay.models.llama import enable_checkpointing
 from assay.models.lora import AdapterOff, apply_lora, load_adapter
 from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
@@ -112,6 +112,8 @@ class Trainer:
         set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
         configure_images(self.model, cfg)  # an image policy's sampling settings (nothing for a language model)
+        if cfg.model.disable_dropout:  # before the reference and the critic are copied from it
+            disable_dropout(self.model)
         self.adapter = self._lora()  # peft's wrapper when only adapters train (`model.lora`), else None
         freeze(self.model, cfg.model.freeze)  # `model.freeze`: these parameters keep their weights
         self.ref = None

@@ -22,8 +22,9 @@ weights one FSDP2 unit at a time after each update (`dist.engine_weights`); noth
 for generation. With `rollout.backend=openai` every rank sends its share to one server, and rank 0
 pushes the weights the ranks gather one unit at a time (`OpenAISampler`).
 
-Left out, and refused in one line: a model outside the Llama family (generation reads the
-gathered weights through `StaticDecoder`, without the model's own forward). Not applied: micro-batches
+Left out, and refused in one line: a model outside the Llama family with the torch backend (its
+generation reads the gathered weights through `StaticDecoder`, without the model's own forward;
+an engine or a server generates with any model). Not applied: micro-batches
 (`train.micro_batch_mb`; a rank's micro-batch count would have to match the others', so a rank
 runs its share of a minibatch whole). The reference policy is replicated on every rank, not sharded;
 a critic is sharded as the policy is, fits its share of the groups and checkpoints its own shards
@@ -92,10 +93,10 @@ class ShardedTrainer(Trainer):
     def _place(self) -> None:
         if not self.ranks.active:
             return
-        why = supported(self.model)
+        why = supported(self.model) if self.cfg.rollout.backend == "torch" else None  # an engine or a server generates itself
         if why is not None:
-            raise AssayError(f"torchrun: the policy's generation reads its gathered weights through assay's Llama-family decoder, "
-                             f"which this model cannot take ({why})")
+            raise AssayError(f"torchrun: the torch backend generates from the gathered weights through assay's Llama-family decoder, "
+                             f"which this model cannot take ({why}); rollout.backend=vllm or openai generates with any model")
         bf16 = self.cfg.model.dtype == "bfloat16"
         if self.ref is not None and bf16 and self.adapter is None:  # a LoRA run's reference is the policy, adapters off
             self.ref.to(torch.bfloat16)
