@@ -245,6 +245,7 @@ def test_commands_that_run_in_one_process_are_refused_under_torchrun(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_generate_their_shares_with_one_openai_server(tmp_path):
     """`rollout.backend=openai` under torchrun against `assay serve model` (a fixed server: no weight routes): both ranks
     send their shares to the one server, which returns token ids and the sampled tokens' logprobs; before the first update
@@ -265,6 +266,7 @@ def test_torchrun_ranks_generate_their_shares_with_one_openai_server(tmp_path):
     assert rows[0]["eval/accuracy"] > 0.2 and health["requests"] >= 2 * 8  # at least one request per prompt of each step
 
 
+@pytest.mark.slow
 def test_a_model_outside_the_llama_family_trains_under_torchrun_with_a_server(tmp_path):
     """A GPT-2 policy (no Llama-family decoder for the torch sampler) under torchrun with `rollout.backend=openai`: sharded
     block by block (`transformer.h`), trained, checkpointed, and `final/` an ordinary GPT-2 folder."""
