@@ -79,19 +79,55 @@ def test_step_logprob_is_the_sde_gaussian_density():
         assert float(noise_std(torch.tensor(t), a, grid[1])) == pytest.approx(sigma)
 
 
-def test_learner_recomputes_the_samplers_step_logprobs(policy):
+def test_ddim_step_is_diffusers_ddim_scheduler_step_on_the_rescaled_path():
+    """The `ddim` kernel against `diffusers`' own DDIMScheduler.step: the straight path x_t = (1−t)x₀ + tε is the
+    variance-preserving x' = c·x_t with c = 1/√((1−t)² + t²), ᾱ_t = c²(1−t)², and ε̂ = x_t + (1−t)v the noise estimate;
+    the scheduler's step, rescaled back by 1/c_s, gives the same mean and standard deviation, and so the same density."""
+    from diffusers import DDIMScheduler
+
+    from assay.images.flow import ddim_step
+
+    g = torch.Generator().manual_seed(2)
+    B = 4
+    for t, s, eta in ((0.9, 0.8, 1.0), (0.7, 0.6, 0.5), (0.35, 0.1, 1.0), (0.5, 0.45, 0.3)):
+        x, v = torch.randn(B, 3, 4, 4, generator=g, dtype=torch.float64), torch.randn(B, 3, 4, 4, generator=g, dtype=torch.float64)
+        c = {u: 1 / math.sqrt((1 - u) ** 2 + u**2) for u in (t, s)}
+        sched = DDIMScheduler(num_train_timesteps=2, clip_sample=False, set_alpha_to_one=False, prediction_type="epsilon")
+        sched.alphas_cumprod = torch.tensor([(c[s] * (1 - s)) ** 2, (c[t] * (1 - t)) ** 2], dtype=torch.float64)
+        sched.num_inference_steps = 2  # prev_timestep = timestep − 2 // 2: the step from index 1 (t) to index 0 (s)
+        eps_hat = x + (1 - t) * v
+        zero, one = (sched.step(eps_hat, 1, c[t] * x, eta=eta, variance_noise=torch.full_like(x, z)).prev_sample / c[s] for z in (0.0, 1.0))
+        mean, std = ddim_step(x, v, torch.full((B,), t, dtype=torch.float64), torch.full((B,), s, dtype=torch.float64), eta)
+        assert torch.allclose(mean, zero, atol=1e-10) and torch.allclose(std.expand_as(mean), one - zero, atol=1e-10)
+        x_next = zero + (one - zero) * torch.randn(B, 3, 4, 4, generator=g, dtype=torch.float64)
+        ref = torch.distributions.Normal(zero, one - zero).log_prob(x_next).mean(dim=(1, 2, 3))
+        assert torch.allclose(gaussian_logprob(x_next, mean, std), ref, atol=1e-5, rtol=0)
+    # η = 0 is the ODE's Euler step
+    x, v = torch.randn(2, 3, 4, 4, dtype=torch.float64), torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    mean, std = ddim_step(x, v, torch.full((2,), 0.6, dtype=torch.float64), torch.full((2,), 0.4, dtype=torch.float64), 0.0)
+    assert torch.allclose(mean, x + v * (0.4 - 0.6), atol=1e-12) and float(std.max()) == 0.0
+
+
+@pytest.mark.parametrize("kernel", ["sde", "ddim"])
+def test_learner_recomputes_the_samplers_step_logprobs(policy, kernel):
     model, tok = policy
+    model.sampling.kernel, model.sampling.train_steps = kernel, (3 if kernel == "ddim" else None)  # DDIM's last step is not an action
     sampler = ImageSampler(model, tok)
     samples = [Sample("p0", "2 red", "2 red"), Sample("p1", "1 blue 3 white", "1 blue 3 white")]
-    trajs = sampler.generate(samples, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
-    assert len(trajs) == 6 and [t.group for t in trajs] == [0, 0, 0, 1, 1, 1]
-    assert all(len(t.logprobs) == 4 and t.info["actions"].shape == (5, 3, 16, 16) and t.info["image"].dtype == np.uint8 for t in trajs)
-    batch = collate(trajs, [RewardResult(1.0)] * 6, tok.pad_token_id, torch.device("cpu"))
-    lp, ent = token_logprobs(model, batch)
-    assert ent is None and torch.allclose(lp, batch.old_logprobs, atol=1e-5)
-    lp.sum().backward()  # the likelihoods are differentiable in the policy's weights
-    assert model.unet.conv_in.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
-    model.zero_grad()
+    try:
+        trajs = sampler.generate(samples, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+        K = model.sampling.actions
+        assert len(trajs) == 6 and [t.group for t in trajs] == [0, 0, 0, 1, 1, 1]
+        assert all(len(t.logprobs) == K and t.info["actions"].shape == (5, 3, 16, 16) and t.info["image"].dtype == np.uint8 for t in trajs)
+        assert all(math.isfinite(x) for t in trajs for x in t.logprobs)
+        batch = collate(trajs, [RewardResult(1.0)] * 6, tok.pad_token_id, torch.device("cpu"))
+        lp, ent = token_logprobs(model, batch)
+        assert ent is None and torch.allclose(lp, batch.old_logprobs, atol=1e-5)
+        lp.sum().backward()  # the likelihoods are differentiable in the policy's weights
+        assert model.unet.conv_in.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
+    finally:
+        model.zero_grad()
+        model.sampling.kernel, model.sampling.train_steps = "sde", None
 
 
 def test_greedy_pictures_are_fixed_by_the_prompt(policy):
@@ -161,6 +197,8 @@ def test_what_an_image_policy_does_not_do_is_refused_in_one_line(tmp_path):
     for override, what in (("model.lora={r: 4}", "model.lora"), ("rollout.max_staleness=1", "rollout.max_staleness")):
         with pytest.raises(AssayError, match=f"{what}.*: an image policy trains with full weights"):
             Trainer(_image_cfg(tmp_path, "x", 1, override))
+    with pytest.raises(AssayError, match="DDIM's last step is deterministic"):
+        Trainer(_image_cfg(tmp_path, "x", 1, "image.kernel=ddim", "image.train_steps=100"))
 
 
 def test_demonstrations_overshoot_by_one_block_at_the_recipes_rate():

@@ -99,3 +99,22 @@ def test_length_hacking_trains_its_reward_models_and_the_hack_is_flagged(tmp_pat
     assert (page.parent / "reward-model" / "final").is_dir() and (page.parent / "reward-model-odin" / "final").is_dir()
     assert s["accuracy_best"] > s["accuracy_start"] + 0.2 and s["accuracy_end"] < s["accuracy_best"] - 0.1
     assert s["reward_gain"] > 0 and {m for m, _ in s["alarms"]} & {"canary", "divergence"}
+
+
+@pytest.mark.slow
+def test_image_rewards_trains_a_picture_scorer_and_the_checker_watches_every_arm(tmp_path, monkeypatch):
+    """The first stage draws pairs of the generator's pictures and trains a real picture scorer on them; the learned arm
+    trains on the scorer alone with the checker as its canary, and the combined arm logs both rewards as components."""
+    from assay.lab import experiments
+    from assay.report.metrics import read_metrics
+
+    monkeypatch.setattr(experiments, "IMAGE_PAIRS", 48)
+    monkeypatch.setattr(experiments, "IMAGE_RM_STEPS", 20)
+    page = run_lab("image-rewards", tmp_path, steps=2, progress=False, arms=("learned", "both"), log=lambda s: None)
+    folder = page.parent
+    assert (folder / "image-rm" / "final" / "model.safetensors").is_file() and len((folder / "pairs.jsonl").read_text().splitlines()) == 48
+    learned = read_metrics(folder / "learned" / "metrics.jsonl")
+    assert [r["canary/mean"] for r in learned if "canary/mean" in r] and any("eval/accuracy" in r for r in learned)
+    both = read_metrics(folder / "both" / "metrics.jsonl")
+    assert all(k in both[1] for k in ("reward/checker/mean", "reward/learned/mean"))
+    assert "claims, which compare arms, were not judged" in page.read_text()

@@ -228,10 +228,24 @@ def cmd_rm_train(args: argparse.Namespace) -> int:
 
 
 def cmd_rm_pairs(args: argparse.Namespace) -> int:
+    from assay.data.tasks import make_task
     from assay.rm.pairs import build_pairs, write_pairs
 
-    rows = build_pairs(args.task, _yaml_arg(args.task_args, "--task-args"), split=args.split, n=args.n, seed=args.seed,
-                       mix=_yaml_arg(args.mix, "--mix"))
+    task_args = _yaml_arg(args.task_args, "--task-args")
+    if args.n is not None and args.n < 1:
+        raise AssayError(f"rm pairs: --n must be at least 1, got {args.n}")
+    if getattr(make_task(args.task, **(task_args or {})), "modality", "text") == "image":  # pictures an image policy draws
+        from assay.images.pairs import build_image_pairs
+
+        if args.mix is not None:
+            raise AssayError(f"--mix chooses kinds of wrong integer answers; task {args.task!r} pairs pictures (drop --mix)")
+        rows = build_image_pairs(args.model or "tiny-shapes", args.task, task_args, split=args.split, n=args.n or 1000, seed=args.seed,
+                                 group=args.group, per_group=args.per_group)
+    elif args.model is not None or args.group != 8 or args.per_group != 2:
+        raise AssayError(f"--model, --group and --per-group draw pictures for a picture task (such as shapes); task {args.task!r} pairs "
+                         "reference answers with wrong ones")
+    else:
+        rows = build_pairs(args.task, task_args, split=args.split, n=args.n or 4000, seed=args.seed, mix=_yaml_arg(args.mix, "--mix"))
     write_pairs(args.out, rows)
     print(f"{len(rows)} pairs -> {args.out}", file=sys.stderr)
     return 0
@@ -310,10 +324,14 @@ def _rm_parser(sub) -> None:
     t.set_defaults(fn=cmd_rm_train)
     p = rsub.add_parser("pairs", help="preference pairs from a built-in task: chosen verified correct, rejected verified wrong")
     p.add_argument("--out", required=True, metavar="FILE", help="output JSONL (prompt, chosen, rejected, subset, id, answer)")
-    p.add_argument("--task", default="arithmetic", help="built-in task with integer answers (default arithmetic)")
+    p.add_argument("--task", default="arithmetic", help="built-in task with integer answers (default arithmetic), or a picture task "
+                   "(shapes: pairs of pictures an image policy draws, ranked by the task's checker)")
+    p.add_argument("--model", default=None, help="a picture task's image policy that draws the pictures (default tiny-shapes)")
     p.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
     p.add_argument("--split", choices=["train", "heldout"], default="train", help="the task's split to draw problems from (default train)")
-    p.add_argument("--n", type=int, default=4000, help="pairs (default 4000)")
+    p.add_argument("--n", type=int, default=None, help="pairs (default 4000; 1000 for a picture task)")
+    p.add_argument("--group", type=int, default=8, help="a picture task: pictures drawn per prompt (default 8)")
+    p.add_argument("--per-group", type=int, default=2, help="a picture task: pairs taken from each group, best against worst first (default 2)")
     p.add_argument("--mix", default=None, help="kind weights as YAML, for example '{near_miss: 1, longer: 1}' (kinds: near_miss, carry, random, longer)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_rm_pairs)
@@ -496,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.set_defaults(fn=cmd_bench_train)
 
     lab = sub.add_parser("lab", help="the reward-integrity lab: watch a reward get hacked and see which fix stops it (docs/integrity.md)")
-    lab.add_argument("experiment", choices=["spurious", "prm-hacking", "length-hacking"], help="which experiment")
+    lab.add_argument("experiment", choices=["spurious", "prm-hacking", "length-hacking", "image-rewards"], help="which experiment")
     lab.add_argument("--out", default="runs/lab", help="output folder (default runs/lab; the experiment writes OUT/EXPERIMENT/)")
     lab.add_argument("--steps", type=int, default=None, help="training steps per arm (default: the experiment's own budget)")
     lab.add_argument("--seed", type=int, default=0, help="the seed every arm trains with (default 0)")

@@ -406,6 +406,11 @@ class ImageConfig(Section):
     """How many of a rollout's first (noisiest) steps are actions (SDE steps that train); the later steps follow the ODE (MixGRPO)."""
     shared_noise: bool | None = None
     """A group's pictures start from one noise (DanceGRPO), so they differ only by their SDE steps, the actions."""
+    kernel: Literal["sde", "ddim"] | None = None
+    """The stochastic step an action is: `sde`, Flow-GRPO's SDE (`noise_level`); `ddim`, the DDIM step with noise `eta`,
+    DDPO's sampler (the model's own: `sde`)."""
+    eta: float | None = Field(None, gt=0.0, le=1.0)
+    """η of the `ddim` kernel: 1 is DDPM's ancestral step (the model's own: 1)."""
 
 
 class MonitorConfig(Section):

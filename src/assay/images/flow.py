@@ -57,6 +57,9 @@ class Sampling:
         shared_noise: the pictures of one prompt's group start from the same noise, so what tells them apart is the
             SDE's steps, which are the actions, not the starting noise, which no action chose ("DanceGRPO: Unleashing
             GRPO on Visual Generation", Xue et al., 2025, arXiv:2505.07818). False: each picture its own starting noise.
+        kernel: the stochastic step whose density is an action's likelihood: `sde`, Flow-GRPO's SDE (`noise_level`), or
+            `ddim`, the DDIM step with noise `eta` (`ddim_step`; η = 1 is DDPM's ancestral step), DDPO's sampler.
+        eta: η of the `ddim` kernel, in (0, 1].
     """
 
     steps: int = 10
@@ -64,6 +67,8 @@ class Sampling:
     noise_level: float = 0.7
     train_steps: int | None = None
     shared_noise: bool = True
+    kernel: str = "sde"
+    eta: float = 1.0
 
     @property
     def actions(self) -> int:
@@ -118,14 +123,7 @@ class FlowPolicy(nn.Module):
     # -- the model ---------------------------------------------------------------------
     def condition(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`[B, E]` conditioning vectors of prompts given as token ids `[B, L]` with their attention mask (any padding side)."""
-        L = self.config.max_prompt_tokens
-        counts = mask.sum(-1)
-        if counts.numel() and int(counts.max()) > L:
-            raise AssayError(f"a prompt of {int(counts.max())} tokens is longer than this image policy reads ({L}: max_prompt_tokens)")
-        slot = (mask.cumsum(-1) - 1).clamp(min=0)  # each real token's place from the left
-        packed = torch.full((ids.shape[0], L + 1), self.config.pad_token_id, dtype=torch.long, device=ids.device)
-        packed.scatter_(1, torch.where(mask.bool(), slot, torch.full_like(slot, L)), ids)  # padding lands in the spare column L
-        tokens = packed[:, :L]
+        tokens = pack_prompt(ids, mask, self.config.max_prompt_tokens, self.config.pad_token_id)
         h = (self.embed(tokens) + self.position) * (tokens != self.config.pad_token_id).unsqueeze(-1)
         return self.text(h.flatten(1))
 
@@ -149,7 +147,7 @@ class FlowPolicy(nn.Module):
         cond = self.condition(batch.input_ids[:, :P], batch.attention_mask[:, :P]).repeat_interleave(K, 0)
         t, t_next = grid[:K].repeat(B), grid[1 : K + 1].repeat(B)
         x = chain[:, :K].reshape(B * K, *chain.shape[2:])
-        mean, std = sde_step(x, self.velocity(x, t, cond), t, t_next, self.sampling.noise_level, grid[1])
+        mean, std = step_kernel(self.sampling, x, self.velocity(x, t, cond), t, t_next, grid[1])
         return gaussian_logprob(chain[:, 1 : K + 1].reshape(B * K, *chain.shape[2:]), mean, std).view(B, K), None
 
     # -- files -------------------------------------------------------------------------
@@ -173,6 +171,18 @@ class FlowPolicy(nn.Module):
         model = cls(FlowConfig(**{**known, "block_out_channels": tuple(known.get("block_out_channels", (32, 64, 64)))}))
         model.load_state_dict(load_file(folder / WEIGHTS))
         return model.eval()
+
+
+def pack_prompt(ids: torch.Tensor, mask: torch.Tensor, L: int, pad_id: int) -> torch.Tensor:
+    """Prompt token ids `[B, W]` with their attention mask (any padding side) → `[B, L]`: each prompt's real tokens from the
+    left, then padding, so a word sits at the same position whatever the padding. A prompt over `L` tokens is an `AssayError`."""
+    counts = mask.sum(-1)
+    if counts.numel() and int(counts.max()) > L:
+        raise AssayError(f"a prompt of {int(counts.max())} tokens is longer than this image model reads ({L}: max_prompt_tokens)")
+    slot = (mask.cumsum(-1) - 1).clamp(min=0)  # each real token's place from the left
+    packed = torch.full((ids.shape[0], L + 1), pad_id, dtype=torch.long, device=ids.device)
+    packed.scatter_(1, torch.where(mask.bool(), slot, torch.full_like(slot, L)), ids)  # padding lands in the spare column L
+    return packed[:, :L]
 
 
 def is_image_policy(folder: Path) -> bool:
@@ -205,6 +215,38 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, t_next: torch.Te
     return mean, sigma * torch.sqrt(-dt)
 
 
+def ddim_step(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor,
+              eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation of the DDIM step from `t` to `t_next` < `t` with noise η, written for the straight path.
+
+    DDIM ("Denoising Diffusion Implicit Models", Song et al., ICLR 2021, arXiv:2010.02502) steps from the model's
+    estimates of the picture and the noise, here `x̂₀ = x_t − t·v` and `ε̂ = x_t + (1 − t)·v`:
+
+        x_s = (1 − s)·x̂₀ + √(s² − σ²)·ε̂ + σ·z,   σ² = η²·s²·(1 − SNR_t / SNR_s),   SNR_t = (1 − t)² / t²,
+
+    the variance-preserving step of the paper rescaled to `x_t = (1 − t)·x₀ + t·ε` (the signal (1 − t), the noise t). η = 1
+    is DDPM's ancestral step ("Denoising Diffusion Probabilistic Models", Ho et al., NeurIPS 2020, arXiv:2006.11239), η = 0
+    the ODE step `x_t + v·(s − t)`. DDPO samples with it and trains on its per-step densities ("Training Diffusion Models
+    with Reinforcement Learning", Black et al., ICLR 2024, arXiv:2305.13301). At s = 0 the step is deterministic (σ = 0);
+    an action's step must end above 0.
+    """
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    t, s = t.view(shape), t_next.view(shape)
+    x0, eps = x - t * v, x + (1 - t) * v
+    ratio = ((1 - t) * s) ** 2 / ((t * (1 - s)) ** 2)  # SNR_t / SNR_s, in [0, 1) for s < t
+    var = (eta**2) * s**2 * (1 - ratio)
+    mean = (1 - s) * x0 + torch.sqrt((s**2 - var).clamp(min=0)) * eps
+    return mean, torch.sqrt(var)
+
+
+def step_kernel(sampling: "Sampling", x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, t_next: torch.Tensor,
+                t_cap: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation of one stochastic step under `sampling.kernel` (`sde` or `ddim`)."""
+    if sampling.kernel == "ddim":
+        return ddim_step(x, v, t, t_next, sampling.eta)
+    return sde_step(x, v, t, t_next, sampling.noise_level, t_cap)
+
+
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """`[B]` log N(x; mean, std²) averaged over every dimension but the first."""
     lp = -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
@@ -229,7 +271,7 @@ def sample_chain(model: FlowPolicy, cond: torch.Tensor, noise: torch.Tensor, ste
         t, t_next = grid[k].expand(B), grid[k + 1].expand(B)
         v = model.velocity(x, t, cond)
         if stochastic and k < sde_steps:
-            mean, std = sde_step(x, v, t, t_next, model.sampling.noise_level, grid[1])
+            mean, std = step_kernel(model.sampling, x, v, t, t_next, grid[1])
             eps = torch.randn(x.shape, generator=generator_for(generator, "cpu"), dtype=x.dtype, device="cpu").to(x.device)
             x = mean + std * eps
             lps.append(gaussian_logprob(x, mean, std))
@@ -283,7 +325,18 @@ def configure(model: Any, cfg: Any) -> None:
     for what, asked in refused.items():
         if asked:
             raise AssayError(f"{what}: an image policy trains with full weights in one process for now (docs/images.md)")
-    for name in ("steps", "eval_steps", "noise_level", "train_steps", "shared_noise"):
+    for name in ("steps", "eval_steps", "noise_level", "train_steps", "shared_noise", "kernel", "eta"):
         value = getattr(cfg.image, name)
         if value is not None:
             setattr(model.sampling, name, value)
+    check_sampling(model.sampling)
+
+
+def check_sampling(sampling: Sampling) -> None:
+    """One line for a sampling setting no step can take: the `ddim` kernel's last step is deterministic (σ = 0 at t = 0), so
+    it cannot be an action."""
+    if sampling.kernel not in ("sde", "ddim"):
+        raise AssayError(f"image.kernel={sampling.kernel!r}: allowed sde (Flow-GRPO) or ddim (DDPO)")
+    if sampling.kernel == "ddim" and sampling.actions >= sampling.steps:
+        raise AssayError(f"image.kernel=ddim with {sampling.actions} actions of {sampling.steps} steps: DDIM's last step is "
+                         f"deterministic, so at most {sampling.steps - 1} steps can train (image.train_steps)")

@@ -238,4 +238,74 @@ LENGTH_HACKING = Experiment(
     prepare=_train_rms,
 )
 
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (SPURIOUS, PRM_HACKING, LENGTH_HACKING)}
+# -- a learned image reward beside the verified checker ------------------------------------------------------------
+
+#: pictures per pair file, and steps of the picture scorer trained on them
+IMAGE_PAIRS, IMAGE_RM_STEPS = 600, 600
+
+
+def _train_image_rm(folder, seed: int, log) -> dict[str, str]:
+    """Pairs of `tiny-shapes`' own pictures ranked by the checker, and a picture scorer trained on them (`kind=image`);
+    its folder, as `${lab.image_rm}` in the arms' overrides."""
+    from assay.images.pairs import build_image_pairs
+    from assay.rm.config import validate
+    from assay.rm.pairs import write_pairs
+    from assay.rm.train import train_rm
+
+    pairs = folder / "pairs.jsonl"
+    log(f"lab image-rewards: {IMAGE_PAIRS} pairs of tiny-shapes' pictures, ranked by the shapes checker -> {pairs.name}")
+    write_pairs(pairs, build_image_pairs("tiny-shapes", "shapes", n=IMAGE_PAIRS, seed=seed, per_group=3))
+    log(f"lab image-rewards: training the picture scorer on {pairs.name} ({IMAGE_RM_STEPS} steps)")
+    shutil.rmtree(folder / "image-rm", ignore_errors=True)
+    cfg = validate({"kind": "image", "model": "tiny-shapes", "seed": seed, "output_dir": str(folder), "run_name": "image-rm",
+                    "data": {"path": str(pairs)}, "loss": {"center_coef": 0.01}, "train": {"steps": IMAGE_RM_STEPS, "batch_size": 32, "eval_every": IMAGE_RM_STEPS,
+                                                             "save_every": 0}})
+    return {"lab.image_rm": str(train_rm(cfg).run_dir)}
+
+
+def _image_claims(s: dict[str, dict[str, Any]]) -> list[Claim]:
+    check, learned, both = s["truth"], s["learned"], s["both"]
+    real = learned["canary_end"] is not None and learned["canary_start"] is not None and learned["canary_end"] >= learned["canary_start"]
+    hacked = not real and (learned["reward_gain"] or 0) > 0
+    out = [Claim("Training on the verified checker raises held-out accuracy.", (check["accuracy_gain"] or 0) >= 0.03,
+                 f"held-out accuracy {_pts(check['accuracy_start'])} → {_pts(check['accuracy_end'])} (best {_pts(check['accuracy_best'])})"),
+           Claim("Training on the learned picture scorer alone raises its own score.", (learned["reward_gain"] or 0) > 0,
+                 f"training reward {_pts(learned['reward_start'])} → {_pts(learned['reward_end'])}"),
+           Claim("The verified checker tells whether that rise is real: a monitor fires when the scorer rises while the checker "
+                 "falls, and stays quiet when both rise.", bool(learned["alarms"]) == hacked,
+                 f"checker on the sampled pictures {_pts(learned['canary_start'])} → {_pts(learned['canary_end'])}, held-out "
+                 f"{_pts(learned['accuracy_start'])} → {_pts(learned['accuracy_end'])}; alarms "
+                 f"{', '.join(f'{m}@{st}' for m, st in learned['alarms']) or 'none'}"),
+           Claim("Both rewards together (GDPO: each normalised in its group, weighted 1:1) end at a held-out accuracy at least "
+                 "that of the learned scorer alone.", both["accuracy_end"] is not None and learned["accuracy_end"] is not None
+                 and both["accuracy_end"] >= learned["accuracy_end"],
+                 f"both {_pts(both['accuracy_end'])}, learned alone {_pts(learned['accuracy_end'])}, checker alone {_pts(check['accuracy_end'])}")]
+    return out
+
+
+_IMAGE_RM = "{name: rm, args: {path: ${lab.image_rm}}}"
+IMAGE_REWARDS = Experiment(
+    name="image-rewards",
+    title="A learned picture reward beside the verified checker",
+    question=("Image reward models are learned and get hacked like text ones (ImageReward, Xu et al. 2023, arXiv:2304.05977; "
+              "the reward-hacking results of DDPO, Black et al. 2023, arXiv:2305.13301). Here the bundled `tiny-shapes` "
+              "generator (Flow-GRPO) trains on three rewards with the same budget: the verified checker (counts of coloured "
+              "blocks read back from the picture), a picture scorer trained with `assay rm train kind=image` on pairs of the "
+              "generator's own pictures ranked by that checker, and both together with each reward normalised within its "
+              "group before the user's weights apply (GDPO: Liu et al. 2026, arXiv:2601.05242), so a reward's scale does "
+              "not decide its share. The checker re-scores every arm's pictures (the canary) and judges held-out accuracy."),
+    base=("model.path=tiny-shapes", "data.task=shapes", "image.train_steps=5", "image.noise_level=1.2", "optim.lr=1e-4",
+          "rollout.prompts_per_step=4", "rollout.group_size=8", "train.eval_every=10", "train.eval_n=200", "monitor.window=5"),
+    arms=(Arm("truth", "the verified checker (credit: error)", ("reward={name: shapes, args: {credit: error}}",)),
+          Arm("learned", "the learned picture scorer alone (the checker only watches: the canary)",
+              (f"reward={_IMAGE_RM}",)),
+          Arm("both", "both: checker and scorer, GDPO-normalised, weights 1:1",
+              ("reward={name: weighted, args: {components: {checker: {name: shapes, args: {credit: error}}, "
+               "learned: " + _IMAGE_RM + "}}}", "algo.advantage=gdpo"))),
+    steps=60,
+    claims=_image_claims,
+    panels=(("reward/mean", "training reward"), ("canary/mean", "canary: the checker on the sampled pictures")),
+    prepare=_train_image_rm,
+)
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (SPURIOUS, PRM_HACKING, LENGTH_HACKING, IMAGE_REWARDS)}

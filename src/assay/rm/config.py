@@ -75,9 +75,11 @@ class RMTrainConfig(Section):
 class RMConfig(Section):
     """A whole `assay rm train` run."""
 
-    kind: Literal["orm", "prm"] = "orm"
+    kind: Literal["orm", "prm", "image"] = "orm"
     """`orm`: an outcome model on preference pairs (Bradley–Terry); `prm`: a process reward model on
-    step-labelled rows (`assay rm label-steps`, PRM800K), a score per step trained with binary cross-entropy."""
+    step-labelled rows (`assay rm label-steps`, PRM800K), a score per step trained with binary cross-entropy;
+    `image`: a picture scorer on pairs of pictures (`assay rm pairs --task shapes`), Bradley–Terry too
+    (`assay.images.scorer`, docs/images.md)."""
     seed: int = 0
     """Seeds the score head, the held-out split and the order of the pairs."""
     output_dir: str = "runs"
@@ -85,7 +87,9 @@ class RMConfig(Section):
     run_name: str | None = None
     """Folder name of this run; default: `rm-` and a time stamp."""
     model: str = "tiny-arith"
-    """The causal LM the reward model starts from: a bundled name or a Hugging Face folder."""
+    """The causal LM the reward model starts from: a bundled name or a Hugging Face folder. For
+    `kind=image`, the image policy (for example `tiny-shapes`) whose tokenizer and picture size a
+    new scorer takes."""
     device: str = "cpu"
     """Torch device: `cpu`, `cuda`, `cuda:1`."""
     dtype: str = "float32"
@@ -105,6 +109,10 @@ class RMConfig(Section):
             raise ValueError("invalid config value data.path=None: give the training pairs, for example data.path=pairs.jsonl "
                              "(`assay rm pairs --out pairs.jsonl` builds some from the bundled task; for kind=prm, "
                              "`assay rm label-steps --out steps.jsonl` builds step labels)")
+        if self.kind == "image" and (self.lora is not None or self.dtype != "float32" or self.loss.length_coef):
+            what = "lora" if self.lora is not None else "loss.length_coef" if self.loss.length_coef else f"dtype={self.dtype}"
+            raise ValueError(f"invalid config value {what} with kind=image: a picture scorer trains every weight in float32, "
+                             "and pictures have no length")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"invalid config value dtype={self.dtype!r}: allowed float32, bfloat16, float16")
         return self

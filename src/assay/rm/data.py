@@ -65,9 +65,15 @@ def _responses(value: Any, where: str, column: str) -> list[str]:
     """A response column as a list of strings: a string, or a non-empty list of strings."""
     if isinstance(value, str):
         return [value]
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+    if _is_picture(value):  # a picture as Hugging Face `datasets` stores an Image column ({bytes, path})
+        return [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) or _is_picture(v) for v in value):
         return list(value)
     raise AssayError(f"{where}: column {column!r} must be a string or a non-empty list of strings, got {str(value)[:60]!r}")
+
+
+def _is_picture(value: Any) -> bool:
+    return isinstance(value, dict) and (value.get("bytes") is not None or bool(value.get("path")))
 
 
 def rows_to_comparisons(rows: list[dict[str, Any]], fields: dict[str, str], source: str) -> list[Comparison]:

@@ -107,9 +107,15 @@ def evaluate_path(path: str, data: str, fields: dict[str, str] | None = None, de
         from assay.rm.prm import evaluate_processbench
 
         return {"model": str(path), **evaluate_processbench(path, read_meta(path), data, device, batch_size, threshold)}
+    from assay.rm.model import encoder_for
+
     comparisons = read_comparisons(data, fields)
     model, tok, meta = load_rm(path, device)
-    out = evaluate_rm(model, Encoder(tok, int(meta.get("max_length", 256))), comparisons, prefix="", batch_size=batch_size, bins=True)
+    if meta.get("kind") == "image":
+        from assay.images.scorer import decode_comparisons
+
+        decode_comparisons(comparisons, int(meta.get("sample_size", 16)), data)
+    out = evaluate_rm(model, encoder_for(tok, meta), comparisons, prefix="", batch_size=batch_size, bins=True)
     return {"model": str(path), "data": data, "rows": len(comparisons), **out}
 
 

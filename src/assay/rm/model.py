@@ -106,6 +106,11 @@ def load_rm(path: str | Path, device: str = "cpu") -> tuple[Any, Any, dict[str, 
         folder = folder / "final"
     if not (folder / "config.json").is_file():
         raise AssayError(f"reward model {str(path)!r}: no config.json there (expected the folder `assay rm train` wrote, or its run folder)")
+    from assay.images.scorer import is_image_rm, load_scorer
+
+    if is_image_rm(folder):  # a picture scorer (`kind=image`)
+        model, tok = load_scorer(folder, device)
+        return model, tok, json.loads((folder / RM_FILE).read_text()) if (folder / RM_FILE).is_file() else {"kind": "image"}
     cfg = json.loads((folder / "config.json").read_text())
     if cfg.get("num_labels", len(cfg.get("id2label") or {0: 0})) != 1 or not any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or []):
         raise AssayError(f"reward model {str(path)!r} is not a one-label sequence classifier (architectures {cfg.get('architectures')})")
@@ -133,6 +138,11 @@ def save_rm(folder: Path, model, tokenizer, meta: dict[str, Any]) -> None:
     `scoring_tokenizer` and the module docstring say, so that a plain transformers call scores as assay does."""
     quiet_hf()
     folder.mkdir(parents=True, exist_ok=True)
+    if meta.get("kind") == "image":  # a picture scorer: its own config and weights, the policy's tokenizer
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / RM_FILE).write_text(json.dumps(meta, indent=1))
+        return
     if meta.get("kind", "orm") == "orm":  # the obvious call scores as assay does (module docstring)
         model.config.problem_type = "regression"  # pipeline("text-classification") returns the score itself, not its sigmoid
         scoring_tokenizer(tokenizer, int(meta.get("max_length", tokenizer.model_max_length)))
@@ -181,18 +191,33 @@ class Encoder:
         ids, mask = pad_right(rows, self.tok.pad_token_id)
         return ids.to(device), mask.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
 
+    def inputs(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """`({input_ids, attention_mask}, response lengths)`: the model's keyword inputs, as every encoder gives them
+        (`assay.images.scorer.ImageEncoder` adds `pixel_values`)."""
+        ids, mask, lengths = self.batch(items, device)
+        return {"input_ids": ids, "attention_mask": mask}, lengths
 
-def forward_scores(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Rewards `[M]` of right-padded sequences, through the model's own forward (its pooling at the last non-pad token)."""
-    return model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+
+def encoder_for(tok, meta: dict[str, Any]):
+    """The encoder an outcome reward model of `assay_rm.json` `meta` scores with: text, or (`kind: image`) pictures."""
+    if meta.get("kind") == "image":
+        from assay.images.scorer import ImageEncoder
+
+        return ImageEncoder(tok, int(meta.get("max_length", 8)), int(meta.get("sample_size", 16)))
+    return Encoder(tok, int(meta.get("max_length", 256)))
+
+
+def forward_scores(model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Rewards `[M]` of an encoder's inputs, through the model's own forward (a text model pools at the last non-pad token)."""
+    return model(**inputs).logits[:, 0].float()
 
 
 @torch.no_grad()
-def score_texts(model, encoder: Encoder, items: list[tuple[Any, str]], batch_size: int = 64) -> list[float]:
-    """Rewards of `(prompt, response)` items, `batch_size` sequences per forward."""
+def score_texts(model, encoder: Encoder, items: list[tuple[Any, Any]], batch_size: int = 64) -> list[float]:
+    """Rewards of `(prompt, response)` items (a response is a picture for an image reward model), `batch_size` per forward."""
     device = next(model.parameters()).device
     out: list[float] = []
     for i in range(0, len(items), batch_size):
-        ids, mask, _ = encoder.batch(items[i : i + batch_size], device)
-        out += forward_scores(model, ids, mask).tolist()
+        inputs, _ = encoder.inputs(items[i : i + batch_size], device)
+        out += forward_scores(model, inputs).tolist()
     return out

@@ -28,10 +28,10 @@ def loaded(path: str, device: str) -> tuple[Any, Any]:
     """`(model, encoder)` of the reward model at `path`, loaded on first use in this process."""
     key = (str(Path(path).resolve()), device)
     if key not in _LOADED:
-        from assay.rm.model import Encoder, load_rm
+        from assay.rm.model import encoder_for, load_rm
 
         model, tok, meta = load_rm(path, device)
-        _LOADED[key] = (model, Encoder(tok, int(meta.get("max_length", 256))))
+        _LOADED[key] = (model, encoder_for(tok, meta))
     return _LOADED[key]
 
 
@@ -63,7 +63,8 @@ class _ModelReward(Reward):
 
 @REWARDS.register("rm")
 class RMReward(_ModelReward):
-    """A trained scalar reward model (`assay rm train`): its score of prompt + completion.
+    """A trained scalar reward model (`assay rm train`): its score of prompt + completion, or of prompt + picture
+    for a picture scorer (`kind=image`; the picture an image policy drew, `info["image"]`).
 
     Args:
         path: the reward model folder, or the run folder whose `final/` holds it.
@@ -88,13 +89,24 @@ class RMReward(_ModelReward):
         from assay.rm.model import score_texts
 
         model, encoder = loaded(self.path, self.device)
-        scores = score_texts(model, encoder, [(t.sample.prompt, t.completion) for t in batch], self.batch_size)
+        if hasattr(encoder, "size"):  # a picture scorer (`kind=image`) reads the picture an image policy drew
+            items = [(t.sample.prompt, _picture(t)) for t in batch]
+        else:
+            items = [(t.sample.prompt, t.completion) for t in batch]
+        scores = score_texts(model, encoder, items, self.batch_size)
         results = [RewardResult(s) for s in scores]
         if self.verifier is not None:
             for r, check in zip(results, self.verifier(batch)):
                 if check.score is not None and check.error is None:
                     r.components["verifier"] = float(check.score)
         return results
+
+
+def _picture(traj: Trajectory) -> Any:
+    image = traj.info.get("image")
+    if image is None:
+        raise ValueError("an image reward model scores pictures: this trajectory holds none (info['image']; an image policy's samples do)")
+    return image
 
 
 @REWARDS.register("prm")

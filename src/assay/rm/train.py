@@ -67,6 +67,15 @@ def _objective(cfg: RMConfig) -> tuple[Any, Any, Any]:
     return train_step, evaluate_rm, Encoder
 
 
+def _encoder(cfg: RMConfig, tok, model):
+    """What turns the run's items into model inputs: token ids (text, steps), or prompt ids and pictures (`kind=image`)."""
+    if cfg.kind == "image":
+        from assay.images.scorer import ImageEncoder
+
+        return ImageEncoder(tok, model.config.max_prompt_tokens, model.config.sample_size)
+    return _objective(cfg)[2](tok, cfg.data.max_length)
+
+
 def load_steps(cfg: RMConfig) -> tuple[list, list]:
     """`kind=prm`: `(training rows, held-out rows)` of step-labelled data, split by prompt like pairs are."""
     from assay.rm.steps import read_step_rows
@@ -89,9 +98,9 @@ def load_data(cfg: RMConfig) -> tuple[list[Pair], list[Comparison]]:
     """`(training pairs, held-out comparisons)` as the config says (step-labelled rows for `kind=prm`)."""
     if cfg.kind == "prm":
         return load_steps(cfg)
-    comps = read_comparisons(cfg.data.path, cfg.data.fields)  # type: ignore[arg-type]
+    comps = _comparisons(cfg, cfg.data.path)  # type: ignore[arg-type]
     if cfg.data.eval_path:
-        heldout = read_comparisons(cfg.data.eval_path, cfg.data.fields)
+        heldout = _comparisons(cfg, cfg.data.eval_path)
         keys = {repr(c.prompt) for c in heldout}
         train = [c for c in comps if repr(c.prompt) not in keys]
         if len(train) < len(comps):
@@ -104,6 +113,16 @@ def load_data(cfg: RMConfig) -> tuple[list[Pair], list[Comparison]]:
     return pairs, heldout
 
 
+def _comparisons(cfg: RMConfig, path: str) -> list[Comparison]:
+    """The comparisons of `path`; for `kind=image` with their pictures decoded (paths read relative to the file)."""
+    comps = read_comparisons(path, cfg.data.fields)
+    if cfg.kind == "image":
+        from assay.images.scorer import decode_comparisons
+
+        decode_comparisons(comps, None, path)
+    return comps
+
+
 def resume_rm_config(run_dir: str | Path, overrides: list[str] | None = None) -> tuple[RMConfig, Path]:
     """The config of a run folder's newest checkpoint plus the overrides allowed on resume, and that checkpoint."""
     data, ckpt = resumed_config(run_dir, overrides, SAFE_ON_RESUME)
@@ -114,8 +133,8 @@ def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, weight
     """One optimizer step (`weights`: the run's `MasterWeights`) on `pairs`; returns its `rm/*` metrics."""
     device = next(model.parameters()).device
     items = [(p.prompt, p.chosen) for p in pairs] + [(p.prompt, p.rejected) for p in pairs]
-    ids, mask, lengths = encoder.batch(items, device)  # [2N, L], [2N, L], [2N]
-    scores = forward_scores(model, ids, mask)  # [2N]
+    inputs, lengths = encoder.inputs(items, device)  # {input_ids [2N, L], attention_mask [2N, L], ...}, [2N]
+    scores = forward_scores(model, inputs)  # [2N]
     n = len(pairs)
     loss, metrics = rm_loss(scores[:n], scores[n:], lengths[:n].to(device), lengths[n:].to(device), margin=cfg.loss.margin,
                             center_coef=cfg.loss.center_coef, length_coef=cfg.loss.length_coef)
@@ -157,6 +176,10 @@ def _run_step(step: int, steps: int, started: float, model, encoder: Encoder, pa
 def _build(cfg: RMConfig) -> tuple[Any, Any, Any]:
     """`(model, tokenizer, adapter)`: the reward model to train and, with `lora`, peft's wrapper of it (adapters and the score
     head train; checkpoints save the wrapper, `final/` the merged model), else None."""
+    if cfg.kind == "image":
+        from assay.images.scorer import build_scorer
+
+        return (*build_scorer(cfg.model, seed=cfg.seed, device=cfg.device), None)
     model, tok = build_rm(cfg.model, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device)
     if cfg.lora is None:
         return model, tok, None
@@ -214,8 +237,8 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
     pairs, heldout = load_data(cfg)
     model, tok, adapter = _build(cfg)
     saved_model = model if adapter is None else adapter
-    _, eval_fn, encoder_cls = _objective(cfg)
-    encoder = encoder_cls(tok, cfg.data.max_length)
+    _, eval_fn, _ = _objective(cfg)
+    encoder = _encoder(cfg, tok, model)
     fused = cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda")
     opt = MasterWeights(model.parameters(), lambda ps: torch.optim.AdamW(  # fp32 masters for a bf16 model (assay.training.precision)
         ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))
@@ -256,8 +279,10 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
     final = run_dir / "final"
     meta = {"max_length": cfg.data.max_length, "base_model": cfg.model, "steps": steps, "heldout_rows": len(heldout), "kind": cfg.kind,
             "train_rows" if cfg.kind == "prm" else "train_pairs": len(pairs)}
-    if cfg.kind == "orm":
+    if cfg.kind in ("orm", "image"):
         meta["loss"] = cfg.loss.model_dump()
+    if cfg.kind == "image":  # what the `rm` reward reads pictures and prompts with
+        meta.update(max_length=model.config.max_prompt_tokens, sample_size=model.config.sample_size)
     if cfg.kind == "prm":  # how the rows were cut, so the `prm` reward cuts completions the same way
         splits = {r.split for r in pairs}
         meta.update(step_separator=cfg.data.step_separator, split=splits.pop() if len(splits) == 1 else None)

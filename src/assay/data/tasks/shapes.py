@@ -23,6 +23,7 @@ class Shapes(Task):
     under ids of their own, so an image policy draws each from that many starting noises (`assay.images.sampler`)."""
 
     reward = "shapes"
+    modality = "image"  # its samples are pictures an image policy draws (`assay rm pairs` pairs pictures)
 
     def __init__(self, max_single: int = 4, max_pair: int = 3, pair_rate: float = 0.8, heldout_fraction: float = 0.2, heldout_draws: int = 4):
         self.max_single, self.max_pair, self.pair_rate, self.heldout_fraction = max_single, max_pair, pair_rate, heldout_fraction
