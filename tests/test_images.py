@@ -188,15 +188,46 @@ def test_an_image_run_trains_reports_and_resumes_bit_for_bit(tmp_path):
     assert model.policy_kind == "image" and model.sampling.train_steps == 3  # the run's sampling travels with the model
 
 
+def test_lora_on_an_image_policy_trains_only_adapters_resumes_exactly_and_final_loads_merged(tmp_path):
+    """`model.lora` on the UNet's convolutions (`LORA_TARGETS`, the default for an image policy): only the adapters train,
+    checkpoints hold the adapter, a resumed run ends on the same adapter as an uninterrupted one, and `final/` loads as the
+    base policy with the adapter merged, drawing the pictures the run's own model draws."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from assay.images.flow import LORA_TARGETS
+    from assay.models import load_policy
+    from assay.training.rl import Trainer
+
+    lora = ("model.lora={r: 4, alpha: 8}", "optim.lr=0.01")
+    trainer = Trainer(_image_cfg(tmp_path, "full", 3, *lora))
+    trained = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained) and {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trained} == set(LORA_TARGETS)
+    full = trainer.fit(progress=False).run_dir
+    cut = Trainer(_image_cfg(tmp_path, "cut", 2, *lora)).fit(progress=False).run_dir
+    Trainer(_image_cfg(tmp_path, "cut", 3, *lora), run_dir=cut, resume=True).fit(progress=False)
+    a, b = load_file(full / "final" / "adapter_model.safetensors"), load_file(cut / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a) and any(v.abs().sum() > 0 for k, v in a.items() if "lora_B" in k)
+    merged, tok = load_policy(str(full / "final"))
+    assert merged.policy_kind == "image" and not any("lora" in n for n, _ in merged.named_parameters())
+    x, t = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.4])
+    ids, mask = torch.tensor([[5, 6], [7, 8]]), torch.ones(2, 2, dtype=torch.long)
+    with torch.no_grad():
+        want = trainer.model.velocity(x, t, trainer.model.condition(ids, mask))
+        got = merged.velocity(x, t, merged.condition(ids, mask))
+        base = load_policy("tiny-shapes")[0]
+        before = base.velocity(x, t, base.condition(ids, mask))
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, before, atol=1e-4)
+
+
 def test_what_an_image_policy_does_not_do_is_refused_in_one_line(tmp_path):
     from assay.errors import AssayError
     from assay.training.rl import Trainer
 
     with pytest.raises(AssayError, match="image policy samples in process"):
         Trainer(_image_cfg(tmp_path, "x", 1, "rollout.backend=vllm"))
-    for override, what in (("model.lora={r: 4}", "model.lora"), ("rollout.max_staleness=1", "rollout.max_staleness")):
-        with pytest.raises(AssayError, match=f"{what}.*: an image policy trains with full weights"):
-            Trainer(_image_cfg(tmp_path, "x", 1, override))
+    with pytest.raises(AssayError, match="rollout.max_staleness.*: an image policy trains in one process on fresh rollouts"):
+        Trainer(_image_cfg(tmp_path, "x", 1, "rollout.max_staleness=1"))
     with pytest.raises(AssayError, match="DDIM's last step is deterministic"):
         Trainer(_image_cfg(tmp_path, "x", 1, "image.kernel=ddim", "image.train_steps=100"))
 

@@ -97,6 +97,13 @@ class FlowConfig:
         out["block_out_channels"] = list(self.block_out_channels)
         return out
 
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> "FlowConfig":
+        """The config of a saved policy folder (as a Hugging Face config class reads one; `peft` calls it when saving adapters)."""
+        raw = json.loads((Path(folder) / "config.json").read_text())
+        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        return cls(**{**known, "block_out_channels": tuple(known.get("block_out_channels", (32, 64, 64)))})
+
 
 class FlowPolicy(nn.Module):
     """Prompt token ids → a velocity field over pictures; a policy whose actions are denoising steps."""
@@ -166,11 +173,14 @@ class FlowPolicy(nn.Module):
         from safetensors.torch import load_file
 
         folder = Path(folder)
-        raw = json.loads((folder / "config.json").read_text())
-        known = {k: v for k, v in raw.items() if k in FlowConfig.__dataclass_fields__}
-        model = cls(FlowConfig(**{**known, "block_out_channels": tuple(known.get("block_out_channels", (32, 64, 64)))}))
+        model = cls(FlowConfig.from_pretrained(folder))
         model.load_state_dict(load_file(folder / WEIGHTS))
         return model.eval()
+
+
+#: the layers `model.lora` puts adapters on in an image policy when the run names none of its own: every convolution and
+#: timestep projection of the UNet's ResNet blocks, and its input and output convolutions (the text encoder stays frozen)
+LORA_TARGETS = ["conv_in", "conv1", "conv2", "time_emb_proj", "conv_out"]
 
 
 def pack_prompt(ids: torch.Tensor, mask: torch.Tensor, L: int, pad_id: int) -> torch.Tensor:
@@ -320,11 +330,11 @@ def configure(model: Any, cfg: Any) -> None:
     do yet (adapters, rollouts ahead of the learner, rollout workers on Ray); nothing for a language model."""
     if getattr(model, "policy_kind", "text") != "image":
         return
-    refused = {"model.lora": cfg.model.lora is not None, "rollout.max_staleness > 0": cfg.rollout.max_staleness > 0,
+    refused = {"rollout.max_staleness > 0": cfg.rollout.max_staleness > 0,
                "cluster.rollout_workers > 0": bool(cfg.cluster.ray and cfg.cluster.rollout_workers)}
     for what, asked in refused.items():
         if asked:
-            raise AssayError(f"{what}: an image policy trains with full weights in one process for now (docs/images.md)")
+            raise AssayError(f"{what}: an image policy trains in one process on fresh rollouts for now (docs/images.md)")
     for name in ("steps", "eval_steps", "noise_level", "train_steps", "shared_noise", "kernel", "eta"):
         value = getattr(cfg.image, name)
         if value is not None:

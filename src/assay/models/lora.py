@@ -44,14 +44,15 @@ def require_peft():
     return peft
 
 
-def apply_lora(model, settings, base: str | None = None, task: str = "CAUSAL_LM", seed: int = 0) -> tuple[Any, Any]:
+def apply_lora(model, settings, base: str | None = None, task: str | None = "CAUSAL_LM", seed: int = 0) -> tuple[Any, Any]:
     """Put adapters on `model` (`assay.config.LoraSettings`); returns `(model, peft_model)`.
 
     `model` is the same object with `peft`'s layers in place (what the sampler and the learner
     run; only the adapters require grad); `peft_model` wraps it for saving and for switching
     the adapters off. `base`: the folder the base model came from, written into the saved
     adapter's config (an absolute path, so `assay eval --model RUN/final` finds it from anywhere).
-    `task="SEQ_CLS"` (a reward model): peft also trains the score head whole, beside the adapters.
+    `task="SEQ_CLS"` (a reward model): peft also trains the score head whole, beside the adapters; `task=None`: a model
+    that is no Hugging Face task model (an image policy, whose adapters go on its convolutions and linear layers).
     A's initial values are drawn from `seed` (the global random streams are left as they were).
     """
     peft = require_peft()
