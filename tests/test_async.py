@@ -175,6 +175,7 @@ def test_thread_shares_and_what_async_refuses(tiny_model_dir, tmp_path):
     assert load_config(None, []).algo.mismatch == "none"
 
 
+@pytest.mark.slow  # 13-17 s: the default suite stays near ten minutes (CI runs the slow tier)
 def test_sigterm_mid_async_run_then_resume_through_the_command(tiny_model_dir, tmp_path):
     """The user's way: `assay train` with options in any order, SIGTERM while the producer runs ahead, `--resume`; the
     run ends with the same rows and weights as one never stopped."""

@@ -86,6 +86,7 @@ def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(tiny_model
     same_run(run, reference)
 
 
+@pytest.mark.slow  # 13-17 s: the default suite stays near ten minutes (CI runs the slow tier)
 def test_resume_uses_the_runs_own_config(tiny_model_dir, tmp_path, reference):
     run = tmp_path / "short"
     assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=short", "train.steps=7", "train.save_every=3",

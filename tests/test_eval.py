@@ -155,6 +155,7 @@ def test_a_learned_reward_is_a_mean_beside_the_verified_accuracy(bundled, tmp_pa
 CALC = "{parts: [{task: arithmetic, args: {min_value: 1000, max_value: 9999, ops: '+'}}, {task: arithmetic, args: {min_value: 10, max_value: 99, ops: '*'}}]}"
 
 
+@pytest.mark.slow  # 13-17 s: the default suite stays near ten minutes (CI runs the slow tier)
 def test_eval_runs_episodes_with_an_environment_as_training_does(tmp_path):
     """tiny-calc answers right mostly by calling the calculator: scored on plain prompts it looks almost useless."""
     import yaml

@@ -148,6 +148,7 @@ def test_a_real_length_hack_is_caught_by_the_canary_and_stop_ends_the_run(tmp_pa
     assert "Hacking alarms" in (d / "report.html").read_text()
 
 
+@pytest.mark.slow  # 13-17 s: the default suite stays near ten minutes (CI runs the slow tier)
 def test_the_command_exits_3_on_a_stopping_alarm_and_warns_by_default(tmp_path):
     args = hack_args(tmp_path)
     p = subprocess.run([sys.executable, "-m", "assay", "train", "--no-progress", *args, "run_name=cli", "train.on_alarm=stop"],
