@@ -148,3 +148,20 @@ def test_rm_pairs_for_the_shapes_task_are_the_policy_pictures_ranked_by_the_chec
     p = subprocess.run([sys.executable, "-m", "assay", "rm", "pairs", "--task", "shapes", "--mix", "{random: 1}", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "drop --mix" in p.stderr
+
+
+def test_a_parquet_file_with_datasets_image_columns_reads_as_picture_pairs(tmp_path):
+    """Pick-a-Pic's layout once mapped: a caption and two `Image` columns, stored by `datasets` as {bytes, path} structs."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    from assay.images.scorer import decode_comparisons
+    from assay.rm.data import read_comparisons
+
+    rng = random.Random(0)
+    pics = [(draw({"red": k}, rng), draw({"red": k + 1}, rng)) for k in (1, 2, 3)]
+    rows = [{"caption": f"{k} red", "jpg_0": {"bytes": png_bytes(a), "path": None}, "jpg_1": {"bytes": png_bytes(b), "path": None}}
+            for k, (a, b) in zip((1, 2, 3), pics)]
+    path = tmp_path / "pick.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    comps = decode_comparisons(read_comparisons(str(path), {"prompt": "caption", "chosen": "jpg_0", "rejected": "jpg_1"}), 16, str(path))
+    assert [c.prompt for c in comps] == ["1 red", "2 red", "3 red"]
+    assert all(np.array_equal(c.chosen[0], a) and np.array_equal(c.rejected[0], b) for c, (a, b) in zip(comps, pics))

@@ -207,9 +207,9 @@ def decode_image(value: Any, size: int | None = None, base: Path | None = None, 
 def decode_comparisons(comparisons: list, size: int, source: str) -> list:
     """The comparisons of a pair file with every chosen and rejected picture decoded (paths read relative to the file)."""
     base = Path(source).parent if Path(source).is_file() else Path(source)
-    for c in comparisons:
-        c.chosen = [decode_image(v, size, base, f"{source}: row {c.id}, chosen") for v in c.chosen]
-        c.rejected = [decode_image(v, size, base, f"{source}: row {c.id}, rejected") for v in c.rejected]
+    for i, c in enumerate(comparisons, 1):  # as read, before any split: i is the row's place in the file
+        c.chosen = [decode_image(v, size, base, f"{source}: row {i}, chosen") for v in c.chosen]
+        c.rejected = [decode_image(v, size, base, f"{source}: row {i}, rejected") for v in c.rejected]
     return comparisons
 
 
