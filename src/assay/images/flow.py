@@ -40,6 +40,9 @@ from assay.errors import AssayError
 
 MODEL_TYPE = "assay-flow"
 WEIGHTS = "model.safetensors"
+#: the layers `model.lora` puts adapters on in an image policy when the run names none of its own: every convolution and
+#: timestep projection of the UNet's ResNet blocks, and its input and output convolutions (the text encoder stays frozen)
+LORA_TARGETS = ("conv_in", "conv1", "conv2", "time_emb_proj", "conv_out")
 
 
 @dataclass
@@ -110,6 +113,9 @@ class FlowPolicy(nn.Module):
 
     #: what kind of policy this is: the trainer picks the `image` sampler for it
     policy_kind = "image"
+    #: `model.lora` on it (`assay.models.lora.apply_lora`): no task head, adapters on `LORA_TARGETS` unless the run names others
+    peft_task = None
+    lora_targets = LORA_TARGETS
 
     def __init__(self, config: FlowConfig):
         super().__init__()
@@ -130,9 +136,7 @@ class FlowPolicy(nn.Module):
     # -- the model ---------------------------------------------------------------------
     def condition(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`[B, E]` conditioning vectors of prompts given as token ids `[B, L]` with their attention mask (any padding side)."""
-        tokens = pack_prompt(ids, mask, self.config.max_prompt_tokens, self.config.pad_token_id)
-        h = (self.embed(tokens) + self.position) * (tokens != self.config.pad_token_id).unsqueeze(-1)
-        return self.text(h.flatten(1))
+        return self.text(embed_prompt(self.embed, self.position, ids, mask, self.config.pad_token_id))
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """The predicted velocity `ε − x₀` at pictures `x [B, C, H, W]`, times `t [B]` in [0, 1], conditioning `cond [B, E]`."""
@@ -178,11 +182,6 @@ class FlowPolicy(nn.Module):
         return model.eval()
 
 
-#: the layers `model.lora` puts adapters on in an image policy when the run names none of its own: every convolution and
-#: timestep projection of the UNet's ResNet blocks, and its input and output convolutions (the text encoder stays frozen)
-LORA_TARGETS = ["conv_in", "conv1", "conv2", "time_emb_proj", "conv_out"]
-
-
 def pack_prompt(ids: torch.Tensor, mask: torch.Tensor, L: int, pad_id: int) -> torch.Tensor:
     """Prompt token ids `[B, W]` with their attention mask (any padding side) → `[B, L]`: each prompt's real tokens from the
     left, then padding, so a word sits at the same position whatever the padding. A prompt over `L` tokens is an `AssayError`."""
@@ -193,6 +192,13 @@ def pack_prompt(ids: torch.Tensor, mask: torch.Tensor, L: int, pad_id: int) -> t
     packed = torch.full((ids.shape[0], L + 1), pad_id, dtype=torch.long, device=ids.device)
     packed.scatter_(1, torch.where(mask.bool(), slot, torch.full_like(slot, L)), ids)  # padding lands in the spare column L
     return packed[:, :L]
+
+
+def embed_prompt(embed: nn.Embedding, position: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """`[B, L·E]`: each prompt's words embedded at fixed positions (`pack_prompt`, L = `position`'s rows), padding zero;
+    how the image policy and the picture scorer (`assay.images.scorer`) read a prompt."""
+    tokens = pack_prompt(ids, mask, position.shape[0], pad_id)
+    return ((embed(tokens) + position) * (tokens != pad_id).unsqueeze(-1)).flatten(1)
 
 
 def is_image_policy(folder: Path) -> bool:
@@ -268,9 +274,10 @@ def sample_chain(model: FlowPolicy, cond: torch.Tensor, noise: torch.Tensor, ste
                  generator: torch.Generator | None = None, sde_steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Denoise `noise [B, C, H, W]` in `steps` steps: the chain `[B, steps+1, C, H, W]` (noise first, picture last) and,
     when `stochastic`, the log-likelihood `[B, sde_steps]` of each of the first `sde_steps` steps (all by default), which
-    are SDE steps; the rest run the ODE, deterministic, as every step does when not `stochastic`.
+    are stochastic steps of the policy's kernel (`step_kernel`); the rest run the ODE, deterministic, as every step does
+    when not `stochastic`.
 
-    The SDE's noise is drawn on the CPU from `generator` and moved to the model's device, so a seed gives the same
+    The steps' noise is drawn on the CPU from `generator` and moved to the model's device, so a seed gives the same
     pictures on any device's arithmetic.
     """
     grid = time_grid(steps, noise.device)
@@ -327,7 +334,7 @@ def load_image_policy(folder: Path, device: Any = "cpu", dtype: str = "float32")
 
 def configure(model: Any, cfg: Any) -> None:
     """Apply a run's `image:` section to an image policy's `sampling`, and refuse in one line what an image policy does not
-    do yet (adapters, rollouts ahead of the learner, rollout workers on Ray); nothing for a language model."""
+    do yet (rollouts ahead of the learner, rollout workers on Ray); nothing for a language model."""
     if getattr(model, "policy_kind", "text") != "image":
         return
     refused = {"rollout.max_staleness > 0": cfg.rollout.max_staleness > 0,

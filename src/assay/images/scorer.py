@@ -4,7 +4,7 @@
 middle one by the prompt (FiLM: "FiLM: Visual Reasoning with a General Conditioning Layer",
 Perez et al., AAAI 2018, arXiv:1709.07871), and maps the flattened features and the prompt's
 vector to one score. The prompt is read as the image policy reads it (word embeddings at fixed
-positions, `assay.images.flow.pack_prompt`) with the policy's own tokenizer, so it scores the
+positions, `assay.images.flow.embed_prompt`) with the policy's own tokenizer, so it scores the
 prompts the policy is trained on. It trains like a text reward model, Bradley–Terry on
 (chosen, rejected) pairs ("Rank Analysis of Incomplete Block Designs", Bradley & Terry, 1952,
 as in ImageReward, Xu et al., NeurIPS 2023, arXiv:2304.05977, and PickScore, Kirstain et al.,
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from assay.errors import AssayError
-from assay.images.flow import pack_prompt
+from assay.images.flow import embed_prompt
 
 MODEL_TYPE = "assay-image-rm"
 WEIGHTS = "model.safetensors"
@@ -84,10 +84,7 @@ class ImageScorer(nn.Module):
         self.head = nn.Sequential(nn.Linear(w3 * side * side + config.hidden, config.hidden), nn.SiLU(), nn.Linear(config.hidden, 1))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixel_values: torch.Tensor) -> ScorerOutput:
-        c = self.config
-        tokens = pack_prompt(input_ids, attention_mask, c.max_prompt_tokens, c.pad_token_id)
-        h = (self.embed(tokens) + self.position) * (tokens != c.pad_token_id).unsqueeze(-1)
-        text = self.text(h.flatten(1))  # [M, hidden]
+        text = self.text(embed_prompt(self.embed, self.position, input_ids, attention_mask, self.config.pad_token_id))  # [M, hidden]
         scale, shift = self.film(text).chunk(2, dim=-1)
         x = nn.functional.silu(self.conv1(pixel_values))
         x = nn.functional.silu(self.conv2(x) * (1 + scale[:, :, None, None]) + shift[:, :, None, None])
@@ -216,6 +213,8 @@ def decode_comparisons(comparisons: list, size: int, source: str) -> list:
 class ImageEncoder:
     """Model inputs of (prompt, picture) items: prompt token ids (left-padded) and pictures in [−1, 1]; the image
     counterpart of `assay.rm.model.Encoder` (responses have no length: the length term is zero)."""
+
+    modality = "image"  # what a response is: the `rm` reward hands it a trajectory's picture
 
     def __init__(self, tokenizer, max_length: int = 8, size: int = 16):
         self.tok, self.max_length, self.size = tokenizer, max_length, size

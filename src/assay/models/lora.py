@@ -51,11 +51,16 @@ def apply_lora(model, settings, base: str | None = None, task: str | None = "CAU
     run; only the adapters require grad); `peft_model` wraps it for saving and for switching
     the adapters off. `base`: the folder the base model came from, written into the saved
     adapter's config (an absolute path, so `assay eval --model RUN/final` finds it from anywhere).
-    `task="SEQ_CLS"` (a reward model): peft also trains the score head whole, beside the adapters; `task=None`: a model
-    that is no Hugging Face task model (an image policy, whose adapters go on its convolutions and linear layers).
+    `task="SEQ_CLS"` (a reward model): peft also trains the score head whole, beside the adapters. A model that is no
+    Hugging Face task model says so itself: `peft_task` (None: no task head) replaces `task`, and `lora_targets` replaces
+    the Llama-family default of `target_modules` (an image policy: its UNet's convolutions, `assay.images.flow`).
     A's initial values are drawn from `seed` (the global random streams are left as they were).
     """
     peft = require_peft()
+    task = getattr(model, "peft_task", task)
+    own = getattr(model, "lora_targets", None)
+    if own is not None and settings.target_modules == type(settings).model_fields["target_modules"].default_factory():
+        settings = settings.model_copy(update={"target_modules": list(own)})
     config = peft.LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                              target_modules=settings.target_modules, bias="none", task_type=task)
     try:

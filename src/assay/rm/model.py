@@ -185,17 +185,12 @@ class Encoder:
             ids = ids + [self.tok.eos_token_id]
         return ids[-self.max_length :], max(0, len(ids) - p)
 
-    def batch(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Right-padded `input_ids` `[M, L]`, `attention_mask` `[M, L]` and response lengths `[M]`."""
+    def inputs(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """`({input_ids [M, L], attention_mask [M, L]}, response lengths [M])`, right-padded: the model's keyword inputs, as
+        every encoder gives them (`assay.images.scorer.ImageEncoder` adds `pixel_values`)."""
         rows, lengths = zip(*(self.ids(p, r) for p, r in items))
         ids, mask = pad_right(rows, self.tok.pad_token_id)
-        return ids.to(device), mask.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
-
-    def inputs(self, items: list[tuple[Any, str]], device: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """`({input_ids, attention_mask}, response lengths)`: the model's keyword inputs, as every encoder gives them
-        (`assay.images.scorer.ImageEncoder` adds `pixel_values`)."""
-        ids, mask, lengths = self.batch(items, device)
-        return {"input_ids": ids, "attention_mask": mask}, lengths
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}, torch.tensor(lengths, dtype=torch.long, device=device)
 
 
 def encoder_for(tok, meta: dict[str, Any]):

@@ -89,7 +89,7 @@ class RMReward(_ModelReward):
         from assay.rm.model import score_texts
 
         model, encoder = loaded(self.path, self.device)
-        if hasattr(encoder, "size"):  # a picture scorer (`kind=image`) reads the picture an image policy drew
+        if getattr(encoder, "modality", "text") == "image":  # a picture scorer (`kind=image`) reads the picture an image policy drew
             items = [(t.sample.prompt, _picture(t)) for t in batch]
         else:
             items = [(t.sample.prompt, t.completion) for t in batch]

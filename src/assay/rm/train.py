@@ -31,7 +31,7 @@ from assay.rm.eval import evaluate_rm
 from assay.rm.losses import rm_loss
 from assay.models import resolve_model_path
 from assay.models.lora import apply_lora, load_adapter
-from assay.rm.model import Encoder, build_rm, forward_scores, save_rm
+from assay.rm.model import Encoder, build_rm, encoder_for, forward_scores, save_rm
 from assay.threads import ThreadGovernor
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.precision import MasterWeights, warmup
@@ -70,10 +70,13 @@ def _objective(cfg: RMConfig) -> tuple[Any, Any, Any]:
 def _encoder(cfg: RMConfig, tok, model):
     """What turns the run's items into model inputs: token ids (text, steps), or prompt ids and pictures (`kind=image`)."""
     if cfg.kind == "image":
-        from assay.images.scorer import ImageEncoder
-
-        return ImageEncoder(tok, model.config.max_prompt_tokens, model.config.sample_size)
+        return encoder_for(tok, {"kind": "image", **_picture_shape(model)})
     return _objective(cfg)[2](tok, cfg.data.max_length)
+
+
+def _picture_shape(model) -> dict[str, int]:
+    """What a picture scorer reads, as `assay_rm.json` records it: prompt tokens and picture size."""
+    return {"max_length": model.config.max_prompt_tokens, "sample_size": model.config.sample_size}
 
 
 def load_steps(cfg: RMConfig) -> tuple[list, list]:
@@ -282,7 +285,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
     if cfg.kind in ("orm", "image"):
         meta["loss"] = cfg.loss.model_dump()
     if cfg.kind == "image":  # what the `rm` reward reads pictures and prompts with
-        meta.update(max_length=model.config.max_prompt_tokens, sample_size=model.config.sample_size)
+        meta.update(_picture_shape(model))
     if cfg.kind == "prm":  # how the rows were cut, so the `prm` reward cuts completions the same way
         splits = {r.split for r in pairs}
         meta.update(step_separator=cfg.data.step_separator, split=splits.pop() if len(splits) == 1 else None)

@@ -196,15 +196,7 @@ class Trainer:
 
     def _adapters_on(self, model) -> tuple[Any, Any]:
         """`(model, peft_model)`: `model` with this run's adapters (`model.lora`), as `assay.models.lora.apply_lora` gives them."""
-        settings, task = self.cfg.model.lora, "CAUSAL_LM"
-        if getattr(model, "policy_kind", "text") == "image":  # a picture generator is no causal LM: its own layers, no task head
-            from assay.config import LoraSettings
-            from assay.images.flow import LORA_TARGETS
-
-            if settings.target_modules == LoraSettings().target_modules:  # the Llama default: the UNet's layers instead
-                settings = settings.model_copy(update={"target_modules": LORA_TARGETS})
-            task = None
-        return apply_lora(model, settings, str(resolve_model_path(self.cfg.model.path).resolve()), task=task, seed=self.cfg.seed)
+        return apply_lora(model, self.cfg.model.lora, str(resolve_model_path(self.cfg.model.path).resolve()), seed=self.cfg.seed)
 
     @property
     def saved_model(self):
