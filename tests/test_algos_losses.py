@@ -7,7 +7,7 @@ import torch
 
 from assay.algos import (
     AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_from_logits, entropy_stats, future_kl,
-    kl_reward_penalty, mismatch_correction, value_loss,
+    kl_reward_penalty, loss_reads, mismatch_correction, value_loss,
 )
 
 
@@ -86,7 +86,7 @@ def test_reinforce_by_hand():
 
 
 def test_losses_zero_padding():
-    for name in POLICY_LOSSES.names():
+    for name in [n for n in POLICY_LOSSES.names() if loss_reads(n) == "logprobs"]:
         out, _ = loss(name, [[0.1, 5.0]], [[0.0, -3.0]], [[1.0, 7.0]], mask=[[1.0, 0.0]])
         assert out[0, 1] == 0.0, name
 

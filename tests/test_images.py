@@ -230,6 +230,12 @@ def test_what_an_image_policy_does_not_do_is_refused_in_one_line(tmp_path):
         Trainer(_image_cfg(tmp_path, "x", 1, "rollout.max_staleness=1"))
     with pytest.raises(AssayError, match="DDIM's last step is deterministic"):
         Trainer(_image_cfg(tmp_path, "x", 1, "image.kernel=ddim", "image.train_steps=100"))
+    with pytest.raises(AssayError, match="algo.mismatch=tis with algo.loss=nft: a loss on the forward process reads no step likelihoods"):
+        Trainer(_image_cfg(tmp_path, "x", 1, "algo.loss=nft", "algo.mismatch=tis"))
+    from assay.config import load_config
+
+    with pytest.raises(AssayError, match="algo.loss=nft: a loss on the forward process trains a picture generator.*is a language model"):
+        Trainer(load_config(None, [f"output_dir={tmp_path}", "algo.loss=nft", "train.steps=1", "reward_workers=0"]))
 
 
 def test_demonstrations_overshoot_by_one_block_at_the_recipes_rate():
@@ -249,5 +255,66 @@ def test_the_example_config_names_the_bundled_image_policy():
     from assay.models import resolve_model_path
     from assay.images.flow import is_image_policy
 
-    cfg = load_config(str(Path(__file__).parents[1] / "examples" / "image-count.yaml"), [])
-    assert cfg.data.task == "shapes" and is_image_policy(resolve_model_path(cfg.model.path))
+    for name, loss in (("image-count.yaml", "nft"), ("image-count-flow-grpo.yaml", "ppo_clip")):
+        cfg = load_config(str(Path(__file__).parents[1] / "examples" / name), [])
+        assert cfg.data.task == "shapes" and is_image_policy(resolve_model_path(cfg.model.path)) and cfg.algo.loss == loss
+
+
+def test_nft_gradient_at_the_rollout_policy_is_the_advantage_times_the_flow_matching_gradient():
+    """DiffusionNFT's loss, checked against its closed-form gradient at v = v_old: 2·t²·clip(A)·(v_old − target)/(D·w),
+    w the mean absolute error of x̂₀ = x_t − t·v; zero for A = 0; a good picture's velocity moves toward its target."""
+    from assay.algos.losses import nft
+
+    gen = torch.Generator().manual_seed(0)
+    B, K, D = 3, 2, 3 * 4 * 4
+    old = torch.randn(B, K, 3, 4, 4, generator=gen, dtype=torch.float64)
+    target = torch.randn(B, K, 3, 4, 4, generator=gen, dtype=torch.float64)
+    t = torch.rand(B, K, generator=gen, dtype=torch.float64)
+    adv = torch.tensor([[1.5, 1.5], [-7.0, -7.0], [0.0, 0.0]], dtype=torch.float64)  # −7 is clipped to −a_max = −5
+    v = old.clone().requires_grad_(True)
+    loss, metrics = nft(v, old, target, t, adv, torch.ones(B, K), beta=0.5, adv_clip=5.0)
+    loss.sum().backward()
+    tt = t.view(B, K, 1, 1, 1)
+    w = (tt * (target - old)).abs().mean(dim=(2, 3, 4)).view(B, K, 1, 1, 1)
+    expected = 2 * tt**2 * adv.clamp(-5, 5).view(B, K, 1, 1, 1) * (old - target) / (D * w)
+    assert torch.allclose(v.grad, expected, atol=1e-12)
+    assert float(v.grad[2].abs().max()) < 1e-12
+    assert float((v.grad[0] * (old[0] - target[0])).sum()) > 0  # descending the loss moves v toward the target
+    assert metrics["r_mean"] == pytest.approx(((1.5 / 5 + 1) / 2 + 0.0 + 0.5) / 3)
+
+
+def test_nft_noisings_are_fixed_per_batch_and_the_first_step_starts_at_the_rollout_policy(policy):
+    """`draw_noisings` draws once per batch; the policy's velocities at them equal the stored old ones before any step, and
+    selecting rows selects their noisings."""
+    model, tok = policy
+    sampler = ImageSampler(model, tok)
+    trajs = sampler.generate([Sample("p0", "2 red", "2 red")], 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    batch = collate(trajs, [RewardResult(1.0)] * 3, tok.pad_token_id, torch.device("cpu"))
+    draws = model.draw_noisings(batch, torch.Generator().manual_seed(1))
+    K = model.sampling.actions
+    assert draws.t.shape == (3, K) and draws.noise.shape == draws.old_velocity.shape == (3, K, 3, 16, 16)
+    import dataclasses
+
+    batch = dataclasses.replace(batch, draws=draws)
+    v, target = model.forward_process(batch)
+    assert torch.allclose(v, draws.old_velocity, atol=1e-6) and torch.allclose(target, draws.noise - batch.actions[:, -1:].squeeze(1)[:, None])
+    part = batch.select(torch.tensor([2, 0]))
+    assert torch.equal(part.draws.t, draws.t[[2, 0]]) and torch.equal(part.draws.old_velocity, draws.old_velocity[[2, 0]])
+
+
+def test_an_nft_run_takes_several_steps_a_batch_and_resumes_bit_for_bit(tmp_path):
+    """`algo.loss=nft` through the same loop: the batch's noisings are drawn once from the run's stream (checkpointed), two
+    optimizer steps a batch, and a run cut after its first step and resumed ends on the same weights."""
+    from _train_helpers import weights
+
+    from assay.report.metrics import read_metrics
+    from assay.training.rl import Trainer
+
+    more = ("algo.loss=nft", "algo.minibatches=2", "train.eval_every=0")
+    full = Trainer(_image_cfg(tmp_path, "full", 2, *more)).fit(progress=False).run_dir
+    cut = Trainer(_image_cfg(tmp_path, "cut", 1, *more)).fit(progress=False).run_dir
+    Trainer(_image_cfg(tmp_path, "cut", 2, *more), run_dir=cut, resume=True).fit(progress=False)
+    rows = [r for r in read_metrics(full / "metrics.jsonl") if "actor/loss" in r]
+    assert len(rows) == 2 and all(r["actor/fm_error"] > 0 and 0 < r["actor/r_mean"] < 1 and r["actor/grad_norm"] > 0 for r in rows)
+    wf, wc = weights(full / "final"), weights(cut / "final")
+    assert all(wf[k].equal(wc[k]) for k in wf)

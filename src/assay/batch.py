@@ -7,6 +7,7 @@ against it (`assay.rollout.openai_sampler`), so neither imports the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,9 @@ class Batch:
     # each row's prompt pictures as the model's processor made them (`assay.vision.inputs.VisionInputs`: `kwargs()` is what
     # the forward takes besides the tokens); None when no row has pictures
     vision: VisionInputs | None = None
+    # draws a loss on the forward process reads, fixed for all the optimizer steps the batch takes: each picture's
+    # noisings and the rollout policy's output there (`assay.images.flow.Noisings`, DiffusionNFT); None otherwise
+    draws: Any = None
 
     @property
     def response_len(self) -> int:

@@ -21,10 +21,10 @@ from assay.algos.correction import mismatch_correction
 from assay.algos.credit import compute_gae, explained_variance, step_to_token
 from assay.algos.entropy import entropy_from_logits, entropy_stats
 from assay.algos.kl import KL_ESTIMATORS, future_kl, kl_reward_penalty
-from assay.algos.losses import AGGREGATIONS, POLICY_LOSSES, aggregate, value_loss
+from assay.algos.losses import AGGREGATIONS, POLICY_LOSSES, aggregate, loss_reads, value_loss
 
 __all__ = [
     "ADVANTAGES", "POLICY_LOSSES", "AGGREGATIONS", "KL_ESTIMATORS", "aggregate",
     "requirements", "bind_args", "hyperparameters", "mismatch_correction", "entropy_from_logits", "entropy_stats",
-    "future_kl", "kl_reward_penalty", "compute_gae", "explained_variance", "step_to_token", "value_loss",
+    "future_kl", "kl_reward_penalty", "compute_gae", "explained_variance", "step_to_token", "value_loss", "loss_reads",
 ]

@@ -174,6 +174,56 @@ def rwr(
     return loss, {"weight_mean": _metric_mean(weight, mask), "ratio_mean": _metric_mean(torch.exp(logprobs - old_logprobs), mask)}
 
 
+@POLICY_LOSSES.register("nft")
+def nft(
+    velocity: torch.Tensor, old_velocity: torch.Tensor, target: torch.Tensor, t: torch.Tensor, advantages: torch.Tensor,
+    mask: torch.Tensor, beta: float = 1.0, adv_clip: float = 5.0, **_,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DiffusionNFT: reinforcement on the forward process, flow matching toward good pictures and away from bad ones.
+
+    Each picture's advantage becomes an optimality weight r = clip(A/a_max, −1, 1)/2 + 1/2. The policy's velocity v
+    and the rollout policy's v_old make an implicit positive policy v⁺ = (1 − β)·v_old + β·v and an implicit negative
+    one v⁻ = (1 + β)·v_old − β·v; the loss regresses v⁺ onto the flow-matching target where the picture was good and
+    v⁻ where it was bad, both in the picture's space (x̂₀ = x_t − t·v), each term divided by its own mean absolute
+    error (held constant):
+
+        L = a_max/β · [r·‖x̂₀(v⁺) − x₀‖²/w⁺ + (1 − r)·‖x̂₀(v⁻) − x₀‖²/w⁻]
+
+    At v = v_old its gradient is A times the flow-matching gradient (weighted by t/w); away from it the loss is a
+    convex quadratic in v whose minimum lies (2r − 1)/β of the way from v_old to the target, a trust region without
+    a ratio. Zheng et al., "DiffusionNFT: Online Diffusion Reinforcement with Forward Process" (2025),
+    arXiv:2509.16117; defaults here β = 1, a_max = 5. Shapes: velocities and targets `[B, K, ...]` (K noisings of
+    each picture, one per action column), `t`, `advantages` and `mask` `[B, K]`. Metrics `r_mean`, `fm_error`
+    (the policy's mean squared flow-matching error).
+    """
+    shape = t.shape + (1,) * (velocity.dim() - t.dim())
+    tt = t.view(shape)
+    x0_error = lambda v: tt * (target - v)  # noqa: E731  (x̂₀ − x₀ = x_t − t·v − x₀ = t·(ε − x₀ − v))
+    r = (advantages.detach().clamp(-adv_clip, adv_clip) / adv_clip) / 2 + 0.5
+    old = old_velocity.detach()
+    dims = tuple(range(t.dim(), velocity.dim()))
+    terms = []
+    for v in (beta * velocity + (1 - beta) * old, (1 + beta) * old - beta * velocity):
+        err = x0_error(v)
+        w = err.detach().abs().mean(dim=dims).clamp(min=1e-5)
+        terms.append((err**2).mean(dim=dims) / w)
+    loss = adv_clip / beta * (r * terms[0] + (1 - r) * terms[1])
+    loss = torch.where(mask.bool(), loss, torch.zeros_like(loss))
+    with torch.no_grad():
+        fm = ((velocity.detach() - target) ** 2).mean(dim=dims)
+    return loss, {"r_mean": _metric_mean(r, mask), "fm_error": _metric_mean(fm, mask)}
+
+
+nft.takes = "forward_process"
+
+
+def loss_reads(name: str) -> str:
+    """What the policy loss `name` reads: `logprobs` (the default: `(logprobs, old_logprobs, advantages, mask)`), or
+    `forward_process` (`(velocity, old_velocity, target, t, advantages, mask)`, from an image policy's `forward_process`),
+    as the loss declares in its `takes` attribute."""
+    return getattr(POLICY_LOSSES.get(name), "takes", "logprobs")
+
+
 # a token whose advantage is 0 adds exactly zero loss and gradient under each of these, so the learner
 # may leave rows with zero advantage out of the update (`assay.training.learner.skips_inert_rows`)
 ppo_clip.zero_at_zero_advantage = gspo.zero_at_zero_advantage = cispo.zero_at_zero_advantage = True

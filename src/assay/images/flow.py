@@ -148,9 +148,7 @@ class FlowPolicy(nn.Module):
         No entropy: each step's entropy is fixed by the noise schedule, not by the policy.
         `temperature` is unused (the SDE's noise level is `sampling.noise_level`).
         """
-        chain = batch.actions
-        if chain is None:
-            raise AssayError("an image policy's batch has no denoising chains (Batch.actions); it was not sampled by the image sampler")
+        chain = _chains(batch)
         B = chain.shape[0]
         K = batch.response_len  # the first K steps of the chain are the actions
         grid = time_grid(chain.shape[1] - 1, chain.device)
@@ -160,6 +158,39 @@ class FlowPolicy(nn.Module):
         x = chain[:, :K].reshape(B * K, *chain.shape[2:])
         mean, std = step_kernel(self.sampling, x, self.velocity(x, t, cond), t, t_next, grid[1])
         return gaussian_logprob(chain[:, 1 : K + 1].reshape(B * K, *chain.shape[2:]), mean, std).view(B, K), None
+
+    @torch.no_grad()
+    def draw_noisings(self, batch, generator: torch.Generator | None = None) -> "Noisings":
+        """Fresh noisings of each batch picture and the policy's velocity there, as it is now: the rollout policy's side of a
+        loss on the forward process (DiffusionNFT), fixed for every optimizer step the batch takes.
+
+        Each picture `x₀` (the last latent of its stored chain, `batch.actions`) is noised once per action column,
+        `x_t = (1 − t)·x₀ + t·ε`, t ~ U(0, 1) and ε ~ N(0, I) drawn on the CPU from `generator`.
+        """
+        chain = _chains(batch)
+        B, K, x0 = chain.shape[0], batch.response_len, chain[:, -1]
+        gen = generator_for(generator, "cpu")
+        t = torch.rand(B, K, generator=gen, device="cpu").to(x0.device)
+        noise = torch.randn((B, K, *x0.shape[1:]), generator=gen, device="cpu").to(x0.device)
+        was_training = self.training
+        self.eval()
+        old = self.forward_process(batch, Noisings(t, noise, None))[0]
+        self.train(was_training)
+        return Noisings(t, noise, old)
+
+    def forward_process(self, batch, noisings: "Noisings | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The velocities `v [B, K, C, H, W]` the policy predicts at the batch's noisings (`batch.draws`, or `noisings`) of
+        its pictures, and their flow-matching targets `ε − x₀`."""
+        chain, draws = _chains(batch), batch.draws if noisings is None else noisings
+        if draws is None:
+            raise AssayError("a loss on the forward process needs the batch's noisings (Batch.draws: FlowPolicy.draw_noisings)")
+        B, K, x0 = chain.shape[0], draws.t.shape[1], chain[:, -1]
+        tt = draws.t.view(B, K, *(1,) * (x0.dim() - 1))
+        xt = (1 - tt) * x0[:, None] + tt * draws.noise
+        P = batch.input_ids.shape[1] - batch.response_len
+        cond = self.condition(batch.input_ids[:, :P], batch.attention_mask[:, :P]).repeat_interleave(K, 0)
+        v = self.velocity(xt.flatten(0, 1), draws.t.flatten(), cond).view(xt.shape)
+        return v, draws.noise - x0[:, None]
 
     # -- files -------------------------------------------------------------------------
     def save_pretrained(self, folder: str | Path, safe_serialization: bool = True, **_: Any) -> None:
@@ -199,6 +230,25 @@ def embed_prompt(embed: nn.Embedding, position: torch.Tensor, ids: torch.Tensor,
     how the image policy and the picture scorer (`assay.images.scorer`) read a prompt."""
     tokens = pack_prompt(ids, mask, position.shape[0], pad_id)
     return ((embed(tokens) + position) * (tokens != pad_id).unsqueeze(-1)).flatten(1)
+
+
+@dataclass
+class Noisings:
+    """Each batch picture noised K times for a loss on the forward process: times `t [B, K]`, noise `[B, K, C, H, W]`, and
+    the rollout policy's velocity there `old_velocity` (None while it is being computed). Rows select like a tensor's."""
+
+    t: torch.Tensor
+    noise: torch.Tensor
+    old_velocity: torch.Tensor | None
+
+    def __getitem__(self, idx) -> "Noisings":
+        return Noisings(self.t[idx], self.noise[idx], None if self.old_velocity is None else self.old_velocity[idx])
+
+
+def _chains(batch) -> torch.Tensor:
+    if batch.actions is None:
+        raise AssayError("an image policy's batch has no denoising chains (Batch.actions); it was not sampled by the image sampler")
+    return batch.actions
 
 
 def is_image_policy(folder: Path) -> bool:
@@ -334,14 +384,28 @@ def load_image_policy(folder: Path, device: Any = "cpu", dtype: str = "float32")
 
 def configure(model: Any, cfg: Any) -> None:
     """Apply a run's `image:` section to an image policy's `sampling`, and refuse in one line what an image policy does not
-    do yet (rollouts ahead of the learner, rollout workers on Ray); nothing for a language model."""
+    do yet (rollouts ahead of the learner, rollout workers on Ray); for a language model, refuse only a loss on the forward
+    process (`nft`)."""
+    from assay.algos import loss_reads
+
+    forward = loss_reads(cfg.algo.loss) == "forward_process"
     if getattr(model, "policy_kind", "text") != "image":
+        if forward:
+            raise AssayError(f"algo.loss={cfg.algo.loss}: a loss on the forward process trains a picture generator (docs/images.md); "
+                             f"{cfg.model.path} is a language model")
         return
     refused = {"rollout.max_staleness > 0": cfg.rollout.max_staleness > 0,
                "cluster.rollout_workers > 0": bool(cfg.cluster.ray and cfg.cluster.rollout_workers)}
     for what, asked in refused.items():
         if asked:
             raise AssayError(f"{what}: an image policy trains in one process on fresh rollouts for now (docs/images.md)")
+    if forward:
+        unused = {f"algo.mismatch={cfg.algo.mismatch}": cfg.algo.mismatch not in (None, "none"),
+                  f"algo.entropy_coef={cfg.algo.entropy_coef}": cfg.algo.entropy_coef > 0}
+        for what, asked in unused.items():
+            if asked:
+                raise AssayError(f"{what} with algo.loss={cfg.algo.loss}: a loss on the forward process reads no step likelihoods, "
+                                 f"so it has no importance weights or entropy to use")
     for name in ("steps", "eval_steps", "noise_level", "train_steps", "shared_noise", "kernel", "eta"):
         value = getattr(cfg.image, name)
         if value is not None:

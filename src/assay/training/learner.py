@@ -6,14 +6,20 @@ estimator or loss is selected.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from typing import Any, Iterator
+
 import torch
 
-from assay.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, bind_args, mismatch_correction, requirements
+from assay.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, bind_args, loss_reads, mismatch_correction,
+                         requirements)
 from assay.algos.losses import masked_mean
 from assay.config import AlgoConfig
 from assay.errors import AssayError
 from assay.batch import Batch, collate, step_tensors  # noqa: F401  (re-exported: the learner's batch)
 from assay.models import text_config
+from assay.models.lora import AdapterOff
 from assay.models.logprobs import token_logprobs
 
 
@@ -30,13 +36,15 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     When the estimator itself takes the reference logprobs (FRPO), KL enters through the
     advantages and is left out of the loss. `fast` selects the shared-prefix forward (`token_logprobs`).
     """
+    loss_fn = POLICY_LOSSES.get(algo.loss)
+    if takes_forward_process(algo):
+        return forward_process_step(model, ref_model, batch, advantages, algo, norm)
     logprobs, entropy = token_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=algo.entropy_coef > 0, fast=fast)
     old, is_weights, out = batch.old_logprobs, batch.is_weights, {}
     if batch.behaviour is not None:  # this forward is the proximal policy: π_old is its logprobs, the weights π_prox/π_behav
         old = logprobs.detach() * batch.mask
         is_weights, out = mismatch_correction(old, batch.behaviour, batch.mask, algo.mismatch, algo.mismatch_cap, algo.mismatch_floor,
                                               algo.mismatch_level)
-    loss_fn = POLICY_LOSSES.get(algo.loss)
     clips = {k: v for k, v in (("clip_low", algo.clip_low), ("clip_high", algo.clip_high)) if v is not None}
     loss_mat, metrics = loss_fn(logprobs, old, advantages, batch.mask, **clips, **algo.loss_args)
     if is_weights is not None:  # rollout/trainer mismatch correction: weights the policy term only
@@ -59,6 +67,45 @@ def policy_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: 
     return loss, out
 
 
+@contextlib.contextmanager
+def reference_of(ref_model) -> Iterator[Any]:
+    """The reference policy as a module: a LoRA policy's own base with its adapters off (`AdapterOff`), else `ref_model`."""
+    if isinstance(ref_model, AdapterOff):
+        with ref_model.model() as base:
+            yield base
+    else:
+        yield ref_model
+
+
+def takes_forward_process(algo: AlgoConfig) -> bool:
+    """Whether the policy loss reads the forward process (`takes = "forward_process"`: DiffusionNFT), not step logprobs."""
+    return loss_reads(algo.loss) == "forward_process"
+
+
+def forward_process_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, norm: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """`policy_step` for a loss on the forward process (DiffusionNFT): the policy's velocities at its pictures' noisings
+    (`batch.draws`, drawn once a batch with the rollout policy's velocities, `FlowPolicy.draw_noisings`) go to the loss.
+
+    The KL to the reference is the velocity-space one, ‖v − v_ref‖² averaged over the picture at the same noisings: the
+    KL between the two policies' SDE steps up to the step's 1/(2σ²)·Δt² factor, as Flow-GRPO and DiffusionNFT write it.
+    """
+    if not hasattr(model, "forward_process"):
+        raise AssayError(f"algo.loss={algo.loss!r} trains on the forward process of a picture generator; this policy has none")
+    v, target = model.forward_process(batch)
+    draws = batch.draws
+    loss_mat, metrics = POLICY_LOSSES.get(algo.loss)(v, draws.old_velocity, target, draws.t, advantages, batch.mask, **algo.loss_args)
+    out = {f"actor/{k}": val for k, val in metrics.items()}
+    if ref_model is not None and algo.kl_coef > 0:
+        with torch.no_grad(), reference_of(ref_model) as ref:
+            v_ref = ref.forward_process(batch)[0]
+        kl = ((v - v_ref) ** 2).mean(dim=tuple(range(2, v.dim())))  # [B, K]
+        loss_mat = loss_mat + algo.kl_coef * kl
+        out["actor/kl"] = masked_mean(kl.detach(), batch.mask).item()
+    loss = aggregate(loss_mat, batch.mask, algo.aggregation, norm=norm)
+    out["actor/loss"] = loss.item()
+    return loss, out
+
+
 def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
     """Drop columns that are padding in every row: leading prompt pads and trailing completion pads.
 
@@ -76,8 +123,9 @@ def trim(batch: Batch, advantages: torch.Tensor) -> tuple[Batch, torch.Tensor]:
     cols = slice(start, P + t)
     is_w = batch.is_weights[:, :t] if batch.is_weights is not None else None
     behaviour = batch.behaviour[:, :t] if batch.behaviour is not None else None
-    out = Batch(batch.input_ids[:, cols], batch.attention_mask[:, cols], batch.position_ids[:, cols], batch.mask[:, :t],
-                batch.old_logprobs[:, :t], batch.rewards, batch.group, batch.components, is_w, behaviour, batch.actions, batch.vision)
+    out = dataclasses.replace(batch, input_ids=batch.input_ids[:, cols], attention_mask=batch.attention_mask[:, cols],
+                              position_ids=batch.position_ids[:, cols], mask=batch.mask[:, :t], old_logprobs=batch.old_logprobs[:, :t],
+                              is_weights=is_w, behaviour=behaviour)
     return out, advantages[:, :t]
 
 
@@ -209,6 +257,8 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
 ESTIMATOR_DATA = ("rewards", "group", "mask")
 #: parameters of a policy loss that the trainer fills itself (the clips come from algo.clip_low/high)
 LOSS_DATA = ("logprobs", "old_logprobs", "advantages", "mask", "clip_low", "clip_high")
+#: what the trainer fills for a loss on the forward process (`takes = "forward_process"`)
+FORWARD_LOSS_DATA = ("velocity", "old_velocity", "target", "t", "advantages", "mask")
 
 
 def estimator_args(algo: AlgoConfig) -> dict:
@@ -218,7 +268,8 @@ def estimator_args(algo: AlgoConfig) -> dict:
 
 def loss_args(algo: AlgoConfig) -> dict:
     """`algo.loss_args`, checked against the loss's signature (one line for a bad one)."""
-    return bind_args(POLICY_LOSSES.get(algo.loss), algo.loss_args, LOSS_DATA, "algo.loss_args")
+    data = FORWARD_LOSS_DATA if takes_forward_process(algo) else LOSS_DATA
+    return bind_args(POLICY_LOSSES.get(algo.loss), algo.loss_args, data, "algo.loss_args")
 
 
 def compute_advantages(batch: Batch, algo: AlgoConfig, extras: dict | None = None, args: dict | None = None) -> torch.Tensor:

@@ -54,7 +54,8 @@ from assay.threads import ThreadGovernor
 from assay.training.hacking import HackingAlarm, Watch, repetition
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
 from assay.training.precision import MasterWeights, warmup
-from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows, token_logprobs)
+from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows,
+                                     takes_forward_process, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
 from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
@@ -348,6 +349,8 @@ class Trainer:
         elif cfg.algo.mismatch not in (None, "none"):
             batch, mismatch = self._correct_mismatch(batch, advantages)
             metrics.update(mismatch)
+        if takes_forward_process(cfg.algo):  # DiffusionNFT: the noisings and the rollout policy's velocities, before any step
+            batch = dataclasses.replace(batch, draws=self.model.draw_noisings(batch, self.generator))
         self.sampler.sleep()  # an engine on a GPU lets go of its memory during the update; update_weights wakes it
         metrics.update(self._update(batch, advantages))
         self.sampler.update_weights(self.model, self.step + 1)
