@@ -87,7 +87,7 @@ def forward_process_step(model, ref_model, batch: Batch, advantages: torch.Tenso
     (`batch.draws`, drawn once a batch with the rollout policy's velocities, `FlowPolicy.draw_noisings`) go to the loss.
 
     The KL to the reference is the velocity-space one, ‖v − v_ref‖² averaged over the picture at the same noisings: the
-    KL between the two policies' SDE steps up to the step's 1/(2σ²)·Δt² factor, as Flow-GRPO and DiffusionNFT write it.
+    KL between the two policies' SDE steps from x_t up to a factor fixed by the step's time and noise level.
     """
     if not hasattr(model, "forward_process"):
         raise AssayError(f"algo.loss={algo.loss!r} trains on the forward process of a picture generator; this policy has none")
