@@ -191,7 +191,7 @@ def test_an_image_run_trains_reports_and_resumes_bit_for_bit(tmp_path):
 def test_lora_on_an_image_policy_trains_only_adapters_resumes_exactly_and_final_loads_merged(tmp_path):
     """`model.lora` on the UNet's convolutions (`LORA_TARGETS`, the default for an image policy): only the adapters train,
     checkpoints hold the adapter, a resumed run ends on the same adapter as an uninterrupted one, and `final/` loads as the
-    base policy with the adapter merged, drawing the pictures the run's own model draws."""
+    base policy with the adapter merged, drawing the pictures the run's own model draws with the run's sampling settings."""
     pytest.importorskip("peft")
     from safetensors.torch import load_file
 
@@ -210,6 +210,7 @@ def test_lora_on_an_image_policy_trains_only_adapters_resumes_exactly_and_final_
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a) and any(v.abs().sum() > 0 for k, v in a.items() if "lora_B" in k)
     merged, tok = load_policy(str(full / "final"))
     assert merged.policy_kind == "image" and not any("lora" in n for n, _ in merged.named_parameters())
+    assert (merged.sampling.steps, merged.sampling.train_steps) == (4, 3)  # the run's; tiny-shapes' own are (10, None)
     x, t = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.4])
     ids, mask = torch.tensor([[5, 6], [7, 8]]), torch.ones(2, 2, dtype=torch.long)
     with torch.no_grad():

@@ -40,6 +40,8 @@ from assay.errors import AssayError
 
 MODEL_TYPE = "assay-flow"
 WEIGHTS = "model.safetensors"
+#: a LoRA run's adapter folder carries the policy's `sampling` here, as `config.json` does for a whole policy
+SAMPLING_FILE = "sampling.json"
 #: the layers `model.lora` puts adapters on in an image policy when the run names none of its own: every convolution and
 #: timestep projection of the UNet's ResNet blocks, and its input and output convolutions (the text encoder stays frozen)
 LORA_TARGETS = ("conv_in", "conv1", "conv2", "time_emb_proj", "conv_out")
@@ -169,9 +171,8 @@ class FlowPolicy(nn.Module):
         """
         chain = _chains(batch)
         B, K, x0 = chain.shape[0], batch.response_len, chain[:, -1]
-        gen = generator_for(generator, "cpu")
-        t = torch.rand(B, K, generator=gen, device="cpu").to(x0.device)
-        noise = torch.randn((B, K, *x0.shape[1:]), generator=gen, device="cpu").to(x0.device)
+        t = torch.rand(B, K, generator=generator_for(generator, "cpu"), device="cpu").to(x0.device)
+        noise = torch.randn((B, K, *x0.shape[1:]), generator=generator_for(generator, "cpu"), device="cpu").to(x0.device)
         was_training = self.training
         self.eval()
         old = self.forward_process(batch, Noisings(t, noise, None))[0]
@@ -202,6 +203,23 @@ class FlowPolicy(nn.Module):
         self.config.sampling = asdict(self.sampling)
         (folder / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
         save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, folder / WEIGHTS)
+
+    def adapter_files(self) -> dict[str, str]:
+        """What an adapter folder (a LoRA run's checkpoint or `final/`) holds beside the adapter: the current `sampling`,
+        which the base policy's `config.json` does not have (`read_adapter_files` puts it back on the merged policy)."""
+        return {SAMPLING_FILE: json.dumps(asdict(self.sampling), indent=2) + "\n"}
+
+    def read_adapter_files(self, folder: str | Path) -> None:
+        """Take `sampling` from an adapter folder's `sampling.json`, if it has one (older folders do not)."""
+        path = Path(folder) / SAMPLING_FILE
+        if not path.is_file():
+            return
+        try:
+            raw = json.loads(path.read_text())
+            self.sampling = Sampling(**{k: v for k, v in raw.items() if k in Sampling.__dataclass_fields__})
+        except (ValueError, TypeError, AttributeError) as e:
+            raise AssayError(f"{path}: not the sampling settings of an image policy: {e}") from None
+        check_sampling(self.sampling)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> "FlowPolicy":

@@ -205,6 +205,8 @@ def merge_adapter(folder: Path, model, tok, chat_template: str | None = None) ->
     with warnings.catch_warnings():  # peft reads a transformers attribute that warns it is deprecated
         warnings.simplefilter("ignore", FutureWarning)
         model = peft.PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    if hasattr(model, "read_adapter_files"):  # an image policy's sampling settings, saved beside its adapter
+        model.read_adapter_files(folder)
     try:
         own = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError):

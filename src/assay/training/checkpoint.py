@@ -63,6 +63,9 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     save_tokenizer(tokenizer, tmp)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if (tmp / "adapter_config.json").is_file() and hasattr(base, "adapter_files"):  # an adapter: what the base's config lacks
+        files = {**base.adapter_files(), **(files or {})}
     for name, content in (files or {}).items():
         (tmp / name).write_bytes(content) if isinstance(content, bytes) else (tmp / name).write_text(content)
     for stem, weights in (tensors or {}).items():
