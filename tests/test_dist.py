@@ -267,6 +267,29 @@ def test_torchrun_ranks_generate_their_shares_with_one_openai_server(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_weight_push_that_fails_mid_run_stops_every_rank(tmp_path):
+    """Under torchrun rank 0 alone pushes the weights; when the server fails a push in the middle of the run (the fourth
+    `/pause`: the push after step 3's update), every rank stops at that step with the server's error, instead of the others
+    waiting in a collective rank 0 never reaches (until the process group's 30-minute timeout)."""
+    sys.path.insert(0, str(HERE))
+    from test_judge import Proc
+
+    model = Proc([sys.executable, "-m", "assay.cli", "serve", "model", "tiny-arith", "--port", "0", "--max-new-tokens", "8"], "serving model")
+    routes = Proc([sys.executable, str(HERE / "_weight_routes.py"), model.url, "--fail-at-pause", "4"], "serving on")
+    try:
+        p = torchrun("-m", "assay", "train", *COMMON, f"output_dir={tmp_path}", "run_name=r", "train.steps=5", "rollout.backend=openai",
+                     f"rollout.server_url={routes.url}", "rollout.weight_sync=push", "rollout.verify_sync=false",
+                     "rollout.max_retries=0", timeout=300)
+    finally:
+        routes.stop()
+        assert model.stop() == 0
+    assert p.returncode != 0
+    assert f"assay: error: server {routes.url}: POST /pause failed: HTTP 500" in p.stderr
+    assert max(_rows(tmp_path / "r")) == 2  # steps 1 and 2 finished, step 3 did not
+    assert (tmp_path / "r" / "checkpoints" / "step_000002").is_dir()  # and step 2's checkpoint stays
+
+
+@pytest.mark.slow
 def test_a_model_outside_the_llama_family_trains_under_torchrun_with_a_server(tmp_path):
     """A GPT-2 policy (no Llama-family decoder for the torch sampler) under torchrun with `rollout.backend=openai`: sharded
     block by block (`transformer.h`), trained, checkpointed, and `final/` an ordinary GPT-2 folder."""

@@ -14,8 +14,8 @@ routes with assay's `assay_http` backend (`assay.rollout.weight_transfer`), foll
 probe check (`assay.rollout.sync`). In a `torchrun` job every rank generates its share with
 the one server, and rank 0 alone talks to its weight routes: the sharded policy is gathered one
 FSDP2 unit at a time on every rank (`dist.engine_weights`) and rank 0 sends each, the ranks
-wait for the push to finish before any generates, and the check's verdict is rank 0's, on
-every rank. Otherwise the server is fixed: the run says once that
+wait for the push to finish before any generates, and the push's outcome and the check's verdict
+are rank 0's, on every rank (a server that fails the push stops every rank at the same step). Otherwise the server is fixed: the run says once that
 it trains off-policy, every trajectory carries the server's version 0, and
 `engine/staleness` logs how many updates the server is behind.
 
@@ -138,24 +138,38 @@ class OpenAISampler:
             return
         t0 = time.perf_counter()
         sharded = is_sharded(model)
+        failed: AssayError | None = None
         if self.ranks.main:
-            self.client.post("/pause", {}, params={"mode": "wait"})
-            self.client.post("/start_weight_update", {})
-            for chunk in encode_chunks(model, weights=engine_weights(model) if sharded else None):
-                self.client.post("/update_weights", {"update_info": chunk})
-            self.client.post("/finish_weight_update", {"weight_version": str(version)})
-            self.client.post("/reset_prefix_cache", {})  # cached prompt blocks hold keys and values of the old weights
-            self.client.post("/resume", {})
+            chunks = encode_chunks(model, weights=engine_weights(model) if sharded else None)
+            try:
+                self._push(chunks, version)
+            except AssayError as e:
+                failed = e
+                if sharded:  # the other ranks gather every unit with this one: go through the rest before saying so
+                    for _ in chunks:
+                        pass
         elif sharded:
             for _ in engine_weights(model):  # each unit's gather is collective: rank 0 sends what every rank gathers
                 pass
-        self.ranks.barrier()  # no rank generates before the server holds the new weights
+        failed = self.ranks.broadcast(failed)  # no rank generates before the server holds the new weights, or all stop
+        if failed is not None:
+            raise failed
         self.version = version
         self._metrics.update({"engine/sync_s": time.perf_counter() - t0, "engine/staleness": 0.0})
         if self.verify:
             learner = learner_probe_logprobs(model, self.probe)  # a sharded forward: every rank takes part
             self._metrics.update(self._on_main(lambda: check_sync(self._served_probe(), learner, self.tolerance,
                                                                   f"server {self.client.base}", version)))
+
+    def _push(self, chunks, version: int) -> None:
+        """Rank 0's side of a push: generation paused, the weights in `chunks` sent, the version named, generation resumed."""
+        self.client.post("/pause", {}, params={"mode": "wait"})
+        self.client.post("/start_weight_update", {})
+        for chunk in chunks:
+            self.client.post("/update_weights", {"update_info": chunk})
+        self.client.post("/finish_weight_update", {"weight_version": str(version)})
+        self.client.post("/reset_prefix_cache", {})  # cached prompt blocks hold keys and values of the old weights
+        self.client.post("/resume", {})
 
     def _served_probe(self) -> list[float]:
         engine = self.probe_logprobs()
