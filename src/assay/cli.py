@@ -240,7 +240,7 @@ def cmd_rm_pairs(args: argparse.Namespace) -> int:
         if args.mix is not None:
             raise AssayError(f"--mix chooses kinds of wrong integer answers; task {args.task!r} pairs pictures (drop --mix)")
         rows = build_image_pairs(args.model or "tiny-shapes", args.task, task_args, split=args.split, n=args.n or 1000, seed=args.seed,
-                                 group=args.group, per_group=args.per_group)
+                                 group=args.group, per_group=args.per_group, progress=not args.no_progress)
     elif args.model is not None or args.group != 8 or args.per_group != 2:
         raise AssayError(f"--model, --group and --per-group draw pictures for a picture task (such as shapes); task {args.task!r} pairs "
                          "reference answers with wrong ones")
@@ -334,6 +334,7 @@ def _rm_parser(sub) -> None:
     p.add_argument("--per-group", type=int, default=2, help="a picture task: pairs taken from each group, best against worst first (default 2)")
     p.add_argument("--mix", default=None, help="kind weights as YAML, for example '{near_miss: 1, longer: 1}' (kinds: near_miss, carry, random, longer)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="a picture task: no progress bar")
     p.set_defaults(fn=cmd_rm_pairs)
     e = rsub.add_parser("eval", help="pairwise and best-of-N accuracy of a reward model on comparisons (RewardBench 2 rows too); "
                         "first-error F1 of a process reward model on ProcessBench rows")

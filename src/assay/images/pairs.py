@@ -28,8 +28,15 @@ from assay.types import Trajectory
 
 
 def build_image_pairs(model: str = "tiny-shapes", task: str = "shapes", task_args: dict[str, Any] | None = None, split: str = "train",
-                      n: int = 2000, seed: int = 0, group: int = 8, per_group: int = 2, batch_prompts: int = 16) -> list[dict[str, Any]]:
-    """`n` pair rows (module doc) drawn by the image policy `model` for prompts of `split` of `task`."""
+                      n: int = 2000, seed: int = 0, group: int = 8, per_group: int = 2, batch_prompts: int = 16,
+                      progress: bool = False) -> list[dict[str, Any]]:
+    """`n` pair rows (module doc) drawn by the image policy `model` for prompts of `split` of `task`; `progress`: a bar on
+    stderr (pairs made, pictures drawn)."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     from assay.images.flow import load_image_policy
     from assay.images.sampler import ImageSampler
     from assay.images.scorer import to_data_uri
@@ -46,20 +53,27 @@ def build_image_pairs(model: str = "tiny-shapes", task: str = "shapes", task_arg
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rows: list[dict[str, Any]] = []
     stream = t.stream(split, seed)
-    while len(rows) < n:
-        samples = [s for _, s in zip(range(batch_prompts), stream)]
-        if not samples:
-            raise AssayError(f"task {task!r} split {split!r} ran out of prompts after {len(rows)} pairs; ask for fewer (--n {len(rows)})")
-        trajs = sampler.generate(samples, group, SamplingParams(temperature=1.0, max_new_tokens=1), gen)
-        scores = [checker.score(tr).score for tr in trajs]
-        for g, sample in enumerate(samples):
-            members: list[tuple[float, Trajectory]] = sorted(zip(scores[g * group : (g + 1) * group], trajs[g * group : (g + 1) * group]),
-                                                             key=lambda x: -x[0])
-            for k in range(per_group):
-                (hi, good), (lo, bad) = members[k], members[-1 - k]
-                if hi <= lo or len(rows) == n:
-                    break
-                rows.append({"id": f"{sample.id}-{len(rows)}", "prompt": sample.prompt, "chosen": to_data_uri(good.info["image"]),
-                             "rejected": to_data_uri(bad.info["image"]), "subset": "right" if hi == 1.0 else "closer",
-                             "chosen_score": round(hi, 6), "rejected_score": round(lo, 6)})
+    bar = Progress(TextColumn("[bold]rm pairs"), BarColumn(), MofNCompleteColumn(), TextColumn("pairs  {task.fields[info]}"),
+                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=Console(file=sys.stderr), disable=not progress)
+    with bar:
+        task_id = bar.add_task("pairs", total=n, info="")
+        drawn = 0
+        while len(rows) < n:
+            samples = [s for _, s in zip(range(batch_prompts), stream)]
+            if not samples:
+                raise AssayError(f"task {task!r} split {split!r} ran out of prompts after {len(rows)} pairs; ask for fewer (--n {len(rows)})")
+            trajs = sampler.generate(samples, group, SamplingParams(temperature=1.0, max_new_tokens=1), gen)
+            scores = [checker.score(tr).score for tr in trajs]
+            for g, sample in enumerate(samples):
+                members: list[tuple[float, Trajectory]] = sorted(zip(scores[g * group : (g + 1) * group], trajs[g * group : (g + 1) * group]),
+                                                                 key=lambda x: -x[0])
+                for k in range(per_group):
+                    (hi, good), (lo, bad) = members[k], members[-1 - k]
+                    if hi <= lo or len(rows) == n:
+                        break
+                    rows.append({"id": f"{sample.id}-{len(rows)}", "prompt": sample.prompt, "chosen": to_data_uri(good.info["image"]),
+                                 "rejected": to_data_uri(bad.info["image"]), "subset": "right" if hi == 1.0 else "closer",
+                                 "chosen_score": round(hi, 6), "rejected_score": round(lo, 6)})
+            drawn += len(trajs)
+            bar.update(task_id, completed=len(rows), info=f"{drawn} pictures drawn")
     return rows
