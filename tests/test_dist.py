@@ -245,6 +245,16 @@ def test_commands_that_run_in_one_process_are_refused_under_torchrun(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_an_image_policy_under_torchrun_is_refused_in_one_line(tmp_path):
+    """A picture generator trains in one process for now: under torchrun, one line saying so (not the sharded trainer's
+    advice about language-model engines, which an image policy cannot use), and no run folder."""
+    p = torchrun("-m", "assay", "train", "--no-progress", "model.path=tiny-shapes", "data.task=shapes", "train.steps=1",
+                 f"output_dir={tmp_path}")
+    assert p.returncode != 0
+    assert "assay: error: several processes (torchrun): an image policy trains in one process" in p.stderr
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_torchrun_ranks_generate_their_shares_with_one_openai_server(tmp_path):
     """`rollout.backend=openai` under torchrun against `assay serve model` (a fixed server: no weight routes): both ranks

@@ -233,6 +233,10 @@ def test_what_an_image_policy_does_not_do_is_refused_in_one_line(tmp_path):
         Trainer(_image_cfg(tmp_path, "x", 1, "image.kernel=ddim", "image.train_steps=100"))
     with pytest.raises(AssayError, match="algo.mismatch=tis with algo.loss=nft: a loss on the forward process reads no step likelihoods"):
         Trainer(_image_cfg(tmp_path, "x", 1, "algo.loss=nft", "algo.mismatch=tis"))
+    with pytest.raises(AssayError, match=r"algo.loss_args: beta=0 is not a valid float > 0 for nft"):
+        Trainer(_image_cfg(tmp_path, "x", 1, "algo.loss=nft", "algo.loss_args={beta: 0}"))
+    for picked in ("rollout.backend=image", "rollout.backend=torch"):  # the in-process samplers: the learner's own logprobs
+        assert _image_cfg(tmp_path, "x", 1, picked).algo.mismatch == "none"
     from assay.config import load_config
 
     with pytest.raises(AssayError, match="algo.loss=nft: a loss on the forward process trains a picture generator.*is a language model"):

@@ -551,11 +551,12 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _mismatch_default(self) -> "RunConfig":
-        """`algo.mismatch: null` resolves by backend: the in-process sampler computes the learner's
-        own logprobs, any other backend (or an asynchronous run, whose rollouts come from older
+        """`algo.mismatch: null` resolves by backend: the in-process samplers (`torch`, and `image`, an image policy's)
+        compute the learner's own logprobs, any other backend (or an asynchronous run, whose rollouts come from older
         versions of the policy) gets truncated importance weights."""
         if self.algo.mismatch is None:
-            self.algo.mismatch = "none" if self.rollout.backend == "torch" and self.rollout.max_staleness == 0 else "tis"
+            in_process = self.rollout.backend in ("torch", "image") and self.rollout.max_staleness == 0
+            self.algo.mismatch = "none" if in_process else "tis"
         return self
 
     @model_validator(mode="after")

@@ -39,7 +39,7 @@ def hyperparameters(fn: Callable, reserved: Iterable[str]) -> dict[str, Any]:
 
 def _hints(fn: Callable) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=True)  # with `Annotated` bounds, which the check enforces
     except Exception:  # an annotation that cannot be resolved: skip type checks
         return {}
 
@@ -87,4 +87,9 @@ def _article(kind: str) -> str:
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    if typing.get_origin(hint) is typing.Annotated:  # `Annotated[float, Gt(0)]`: "float > 0"
+        base, *marks = typing.get_args(hint)
+        bounds = [f"{sign} {getattr(m, key)}" for m in marks for key, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+                  if getattr(m, key, None) is not None]
+        return " and ".join([f"{_type_name(base)} {bounds[0]}" if bounds else _type_name(base), *bounds[1:]])
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

@@ -8,7 +8,10 @@ normaliser share one clipped objective.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
+from annotated_types import Gt
 
 from assay.registry import Registry
 
@@ -177,7 +180,7 @@ def rwr(
 @POLICY_LOSSES.register("nft")
 def nft(
     velocity: torch.Tensor, old_velocity: torch.Tensor, target: torch.Tensor, t: torch.Tensor, advantages: torch.Tensor,
-    mask: torch.Tensor, beta: float = 1.0, adv_clip: float = 5.0, **_,
+    mask: torch.Tensor, beta: Annotated[float, Gt(0)] = 1.0, adv_clip: Annotated[float, Gt(0)] = 5.0, **_,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DiffusionNFT: reinforcement on the forward process, flow matching toward good pictures and away from bad ones.
 
@@ -185,13 +188,14 @@ def nft(
     and the rollout policy's v_old make an implicit positive policy v⁺ = (1 − β)·v_old + β·v and an implicit negative
     one v⁻ = (1 + β)·v_old − β·v; the loss regresses v⁺ onto the flow-matching target where the picture was good and
     v⁻ where it was bad, both in the picture's space (x̂₀ = x_t − t·v), each term divided by its own mean absolute
-    error (held constant):
+    error (held constant in the gradient, measured afresh at each call, as the authors' code does):
 
         L = a_max/β · [r·‖x̂₀(v⁺) − x₀‖²/w⁺ + (1 − r)·‖x̂₀(v⁻) − x₀‖²/w⁻]
 
-    At v = v_old its gradient is A times the flow-matching gradient (weighted by t/w); away from it the loss is a
-    convex quadratic in v whose minimum lies (2r − 1)/β of the way from v_old to the target, a trust region without
-    a ratio. Zheng et al., "DiffusionNFT: Online Diffusion Reinforcement with Forward Process" (2025),
+    At v = v_old its gradient is A times the flow-matching gradient (weighted by t²/w). Since w follows the error,
+    each term grows like its norm: a picture pulls v toward where v⁺ (good) or v⁻ (bad) meets the target, 1/β of the
+    way from v_old, with a strength set by A; no trust region (the optimizer steps and the KL bound a batch's move).
+    Zheng et al., "DiffusionNFT: Online Diffusion Reinforcement with Forward Process" (2025),
     arXiv:2509.16117; defaults here β = 1, a_max = 5. Shapes: velocities and targets `[B, K, ...]` (K noisings of
     each picture, one per action column), `t`, `advantages` and `mask` `[B, K]`. Metrics `r_mean`, `fm_error`
     (the policy's mean squared flow-matching error).

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,7 +403,7 @@ def load_image_policy(folder: Path, device: Any = "cpu", dtype: str = "float32")
 
 def configure(model: Any, cfg: Any) -> None:
     """Apply a run's `image:` section to an image policy's `sampling`, and refuse in one line what an image policy does not
-    do yet (rollouts ahead of the learner, rollout workers on Ray); for a language model, refuse only a loss on the forward
+    do yet (rollouts ahead of the learner, rollout workers on Ray, several learner processes); for a language model, refuse only a loss on the forward
     process (`nft`)."""
     from assay.algos import loss_reads
 
@@ -413,7 +414,9 @@ def configure(model: Any, cfg: Any) -> None:
                              f"{cfg.model.path} is a language model")
         return
     refused = {"rollout.max_staleness > 0": cfg.rollout.max_staleness > 0,
-               "cluster.rollout_workers > 0": bool(cfg.cluster.ray and cfg.cluster.rollout_workers)}
+               "cluster.rollout_workers > 0": bool(cfg.cluster.ray and cfg.cluster.rollout_workers),
+               "cluster.learner_workers > 1": bool(cfg.cluster.ray and cfg.cluster.learner_workers > 1),
+               "several processes (torchrun)": int(os.environ.get("WORLD_SIZE", "1") or 1) > 1}
     for what, asked in refused.items():
         if asked:
             raise AssayError(f"{what}: an image policy trains in one process on fresh rollouts for now (docs/images.md)")

@@ -182,7 +182,7 @@ class HackingMonitor:
         before, now = t[1] - t[0], t[2] - t[1]
         signals["monitor/kl_rise"] = now
         if 0 < before and now >= self.cfg.accel * before and now >= self.cfg.kl_rise * max(t[1], 1e-3):
-            return (f"KL to the reference is accelerating: +{now:.3g} nats over the last {self.cfg.window} steps against "
+            return (f"KL to the reference is accelerating: +{now:.3g} over the last {self.cfg.window} steps against "
                     f"{before:+.3g} over the {self.cfg.window} before (now {t[2]:.3g})")
         return None
 
