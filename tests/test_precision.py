@@ -57,6 +57,26 @@ def test_masters_round_trip_and_default_to_the_weights():
     assert torch.equal(fresh.master[0], torch.ones(3))
 
 
+def interrupted_and_resumed(cfg, monkeypatch, in_step: int):
+    """A run stopped by Ctrl-C during its step `in_step` (1-based), then resumed to the end: its folder."""
+    real, calls = Trainer._rollout, {"n": 0}
+
+    def stop(self):
+        out = real(self)
+        calls["n"] += 1
+        if calls["n"] == in_step:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(Trainer, "_rollout", stop)
+    cut = Trainer(cfg)
+    with pytest.raises(KeyboardInterrupt):
+        cut.fit(progress=False)
+    monkeypatch.setattr(Trainer, "_rollout", real)
+    Trainer(cfg, run_dir=cut.run_dir, resume=True).fit(progress=False)
+    return cut.run_dir
+
+
 def test_a_bf16_run_trains_keeps_bf16_weights_and_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
     def cfg(name):
         return load_config(None, [
@@ -65,29 +85,14 @@ def test_a_bf16_run_trains_keeps_bf16_weights_and_resumes_exactly(tiny_model_dir
             "train.threads=1", "optim.warmup_steps=0", "optim.lr=1e-3", LEARNING_SIGNAL])
 
     full = Trainer(cfg("full")).fit(progress=False).run_dir
-    real = Trainer._rollout
-    calls = {"n": 0}
-
-    def stop_in_second(self):
-        out = real(self)
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return out
-
-    monkeypatch.setattr(Trainer, "_rollout", stop_in_second)
-    cut = Trainer(cfg("cut"))
-    with pytest.raises(KeyboardInterrupt):
-        cut.fit(progress=False)
-    monkeypatch.setattr(Trainer, "_rollout", real)
-    Trainer(cfg("cut"), run_dir=cut.run_dir, resume=True).fit(progress=False)
-    wa, wb = weights(full / "final"), weights(cut.run_dir / "final")
+    cut = interrupted_and_resumed(cfg("cut"), monkeypatch, in_step=2)
+    wa, wb = weights(full / "final"), weights(cut / "final")
     assert all(v.dtype == torch.bfloat16 for v in wa.values())
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the masters came back from the checkpoint, so the bf16 weights did too
     start = weights(tiny_model_dir)
     assert any(not torch.equal(wa[k], start[k].to(torch.bfloat16)) for k in wa)
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("_per_s")} for r in rows]  # noqa: E731
-    assert strip(read_metrics(full / "metrics.jsonl")) == strip(read_metrics(cut.run_dir / "metrics.jsonl"))
+    assert strip(read_metrics(full / "metrics.jsonl")) == strip(read_metrics(cut / "metrics.jsonl"))
 
 
 @pytest.mark.parametrize("disable", [True, False])
@@ -112,3 +117,35 @@ def test_dropout_is_off_in_the_policy_unless_kept(tmp_path, disable):
     trainer.fit(progress=False)
     row = next(r for r in read_metrics(tmp_path / "r" / "metrics.jsonl") if "actor/ratio_mean" in r)
     assert (row["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)) == disable, row["actor/ratio_mean"]
+
+
+@pytest.mark.parametrize("decay", ["linear", "cosine"])
+def test_the_learning_rate_decays_after_the_warm_up_and_a_resume_keeps_the_schedule(tiny_model_dir, tmp_path, monkeypatch, decay):
+    import math
+
+    steps, warm, lr, floor = 6, 2, 1e-3, 0.1
+
+    def cfg(name):
+        return load_config(None, [
+            f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"run_name={name}", f"train.steps={steps}", "train.eval_every=0",
+            "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=2", "rollout.group_size=2", "train.threads=1",
+            f"optim.warmup_steps={warm}", f"optim.lr={lr}", f"optim.decay={decay}", f"optim.min_lr_ratio={floor}", LEARNING_SIGNAL])
+
+    full = Trainer(cfg("full")).fit(progress=False).run_dir
+    got = [r["actor/lr"] for r in read_metrics(full / "metrics.jsonl") if "actor/lr" in r]
+    done = [(s - warm) / (steps - warm) for s in range(warm, steps)]
+    shape = [1 - d for d in done] if decay == "linear" else [0.5 * (1 + math.cos(math.pi * d)) for d in done]
+    want = [lr / warm * (s + 1) for s in range(warm)] + [lr * (floor + (1 - floor) * f) for f in shape]
+    assert got == pytest.approx(want, rel=1e-9)
+    assert got[warm] == pytest.approx(lr) and got[-1] < got[warm]
+
+    cut = interrupted_and_resumed(cfg("cut"), monkeypatch, in_step=4)
+    assert [r["actor/lr"] for r in read_metrics(cut / "metrics.jsonl") if "actor/lr" in r] == pytest.approx(want, rel=1e-9)
+
+
+def test_a_decay_name_not_known_is_refused_in_one_line(tmp_path):
+    from assay.errors import AssayError
+
+    with pytest.raises((AssayError, SystemExit, ValueError)) as e:
+        load_config(None, ["optim.decay=exponential"])
+    assert "optim.decay" in str(e.value) and "cosine" in str(e.value)

@@ -325,6 +325,10 @@ class OptimConfig(Section):
     """Clip the global gradient norm to this value."""
     warmup_steps: int = Field(10, ge=0)
     """Linear learning-rate warm-up, in training steps."""
+    decay: Literal["constant", "linear", "cosine"] = "constant"
+    """After the warm-up: `constant`, or a `linear` or `cosine` decay toward `min_lr_ratio` × `lr` at `train.steps`."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Where `linear` and `cosine` decay to, as a fraction of `lr`."""
     fused: bool = True
     """AdamW's fused kernel (`torch.optim.AdamW(fused=True)`): one pass over each parameter instead
     of a dozen elementwise ops (same update to rounding). False: the per-tensor loop."""

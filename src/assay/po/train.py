@@ -34,7 +34,7 @@ from assay.rm.data import batch_indices, prompt_key, split_by_prompt
 from assay.threads import ThreadGovernor
 from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from assay.training.interrupt import Preempted, StopSignals
-from assay.training.precision import MasterWeights, warmup
+from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.progress import RunProgress, _f
 from assay.training.runs import RUN_FILE, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
 
@@ -228,7 +228,7 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
     objective.check_rows(rows, str(cfg.data.path))
     weights = MasterWeights(model.parameters(), lambda ps: torch.optim.AdamW(
         ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=cfg.optim.fused and device.type in ("cpu", "cuda")))
-    sched = torch.optim.lr_scheduler.LambdaLR(weights.optimizer, warmup(cfg.optim.warmup_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(weights.optimizer, lr_schedule(cfg.optim, cfg.train.steps))
     steps = cfg.train.steps
     governor.update()  # the reference pass, too, runs on the cores other processes leave free
     ref = reference_values(run_dir, cfg, objective, model, rows, held)  # before any weight changes

@@ -34,7 +34,7 @@ from assay.models.lora import apply_lora, load_adapter
 from assay.rm.model import Encoder, build_rm, encoder_for, forward_scores, save_rm
 from assay.threads import ThreadGovernor
 from assay.training.interrupt import Preempted, StopSignals
-from assay.training.precision import MasterWeights, warmup
+from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from assay.training.progress import RunProgress, _f
 from assay.training.runs import RUN_FILE, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
@@ -245,7 +245,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
     fused = cfg.optim.fused and next(model.parameters()).device.type in ("cpu", "cuda")
     opt = MasterWeights(model.parameters(), lambda ps: torch.optim.AdamW(  # fp32 masters for a bf16 model (assay.training.precision)
         ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, warmup(cfg.optim.warmup_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, lr_schedule(cfg.optim, cfg.train.steps))
     start = _restore(ckpt, model, opt, sched, adapter) if ckpt is not None else 0
     sink = JsonlSink(run_dir / "metrics.jsonl", truncate_after=start if ckpt is not None else None)
     steps = cfg.train.steps

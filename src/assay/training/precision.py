@@ -23,7 +23,9 @@ runs in the parameter dtype (fp32 accumulation) and its output is cast to fp32 b
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import math
+
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -79,5 +81,23 @@ class MasterWeights:
 
 def warmup(steps: int) -> Callable[[int], float]:
     """The learning-rate factor of a linear warm-up over `steps` optimizer steps (1 throughout when 0), for `LambdaLR`:
-    the RL loop, the reward-model and preference trainers and the recipes share it."""
+    the recipes use it, and `lr_schedule` starts with it."""
     return lambda s: min(1.0, (s + 1) / steps) if steps else 1.0
+
+
+def lr_schedule(optim: Any, total: int) -> Callable[[int], float]:
+    """The learning-rate factor at each of `total` training steps, for `LambdaLR`: a linear warm-up over
+    `optim.warmup_steps`, then `optim.decay` — `constant`, or `linear` or `cosine` from 1 toward `optim.min_lr_ratio`, which
+    step `total` would reach (the half-cosine of Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm Restarts", ICLR 2017,
+    without restarts; `get_cosine_schedule_with_warmup` in transformers). The RL loop and the reward-model and preference
+    trainers share it; a resumed run that asks for more steps stretches the decay over the new total."""
+    ramp, steps, floor = warmup(optim.warmup_steps), optim.warmup_steps, optim.min_lr_ratio
+
+    def factor(s: int) -> float:
+        if s < steps or optim.decay == "constant":
+            return ramp(s)
+        done = min(1.0, (s - steps) / max(1, total - steps))
+        shape = 1.0 - done if optim.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+        return floor + (1.0 - floor) * shape
+
+    return factor

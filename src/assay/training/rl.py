@@ -53,7 +53,7 @@ from assay.training.groups import GoldInjector, PromptPicker, join_groups, score
 from assay.threads import ThreadGovernor
 from assay.training.hacking import HackingAlarm, Watch, repetition
 from assay.training.health import HealthGates, RunCannotLearn, sample_rows
-from assay.training.precision import MasterWeights, warmup
+from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows,
                                      takes_forward_process, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
@@ -162,7 +162,7 @@ class Trainer:
         self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(
             ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))  # fp32 masters for a bf16 policy
         self.opt = self.weights.optimizer
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup(cfg.optim.warmup_steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_schedule(cfg.optim, cfg.train.steps))
         self.health = HealthGates(cfg.train.stop_unscored_steps, cfg.train.zero_var_warn, cfg.train.zero_var_steps,
                                   cfg.rollout.max_new_tokens if cfg.data.path else None)  # a data file's answers may not fit the limit
         self.alarm_stop: str | None = None  # the alarm that ends the run (`train.on_alarm=stop`)
