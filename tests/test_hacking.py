@@ -111,6 +111,22 @@ def test_a_reward_that_stops_agreeing_with_the_canary_fires():
     assert feed(HackingMonitor(MonitorConfig()), rows) == [(15, "canary")]
 
 
+def test_a_reward_that_starts_paying_rejected_completions_like_accepted_ones_fires():
+    """A hack spreading one completion at a time: steady means and correlation, the discordant share rising."""
+    rows = [{"canary/mean": 0.6, "canary/reward_mean": 2.5, "canary/corr": 0.85, "canary/discordant": 0.03 if i < 12 else 0.03 + 0.06 * (i - 11)}
+            for i in range(24)]
+    # the first 10 checks (0.03) against the last 5: a rise of 0.18 at step 17, 0.24 at step 18
+    fired = []
+    m = HackingMonitor(MonitorConfig())
+    for step, row in enumerate(rows, 1):
+        _, alarms = m.check(step, row)
+        fired += [(step, a) for a in alarms]
+    assert [s for s, _ in fired] == [18] and "pays what the canary rejects like what it accepts" in fired[0][1]
+    # a reward that disagrees with the canary as much from the start (a random reward: ~half the pairs) is left to the other rules
+    flat = [{**r, "canary/discordant": 0.5} for r in rows]
+    assert feed(HackingMonitor(MonitorConfig()), flat) == []
+
+
 def test_state_round_trips_so_a_resumed_run_fires_at_the_same_step():
     rows = length_hack()
     whole = feed(HackingMonitor(MonitorConfig()), rows)
@@ -189,3 +205,10 @@ def test_a_given_canary_scores_a_run_that_trains_on_its_own_verifier(tmp_path):
     given = Trainer(load_config(None, [*base, "run_name=given", "monitor.canary=arithmetic", "monitor.canary_n=8"])).fit(progress=False).run_dir
     rows = [r for r in read_metrics(given / "metrics.jsonl") if "canary/mean" in r]
     assert [r["step"] for r in rows] == [1, 2] and all(r["canary/n"] == 8 and r["canary/mean"] == r["canary/reward_mean"] for r in rows)
+
+
+def test_discordance_counts_the_canarys_worse_completions_paid_as_much():
+    # canary-rejected completions 1 and 2 against accepted 0 and 3: 1 is paid as much as 0 and more than 3, 2 less than both
+    assert hacking.discordance([3, 3, 1, 2], [1, 0, 0, 1]) == 0.5
+    assert hacking.discordance([1, 0, 1], [1, 0, 1]) == 0.0  # the reward is the canary
+    assert hacking.discordance([0.2, 0.9], [0.7, 0.7]) is None  # the canary tells nothing apart

@@ -464,6 +464,9 @@ class MonitorConfig(Section):
     canary_corr_drop: float = Field(0.3, gt=0.0)
     """... or when the correlation of the training reward with the canary (per check, on the same completions), averaged
     over the last max(3, window/2) checks, fell at least this much below its average over the first `window` checks."""
+    canary_discordance_rise: float = Field(0.2, gt=0.0, le=1.0)
+    """... or when the share of pairs the two order differently (`canary/discordant`: the canary's worse completion paid at
+    least as much), averaged over the last max(3, window/2) checks, rose at least this much above its first `window`."""
 
 
 class EnvConfig(Section):

@@ -107,7 +107,8 @@ class HackingMonitor:
     """
 
     SERIES = ("reward/mean", "reward/length_corr", "rollout/response_length", "rollout/repetition", "actor/kl", "actor/entropy",
-              "reward/zero_var_group_frac", "reward/unsolved_group_frac", "canary/mean", "canary/reward_mean", "canary/corr")
+              "reward/zero_var_group_frac", "reward/unsolved_group_frac", "canary/mean", "canary/reward_mean", "canary/corr",
+              "canary/discordant")
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -251,6 +252,14 @@ class HackingMonitor:
             if then - now >= self.cfg.canary_corr_drop:
                 return (f"the training reward stopped agreeing with the canary: their correlation on the same completions fell from "
                         f"{then:.2f} (first {w} checks) to {now:.2f} (last {short})")
+        unordered = self.series["canary/discordant"]
+        if unordered.count >= w + short:  # one completion at a time: what the canary rejects, paid like what it accepts
+            then, now = _mean(unordered.first), _mean(unordered.tail(short))
+            signals["monitor/canary_discordance_rise"] = now - then
+            if now - then >= self.cfg.canary_discordance_rise:
+                return (f"the training reward pays what the canary rejects like what it accepts: of the pairs the canary tells "
+                        f"apart, {now:.0%} are ordered otherwise or tied by the reward (last {short} checks) against {then:.0%} "
+                        f"(first {w})")
         return None
 
     def _blind(self, signals: dict[str, float]) -> str | None:
@@ -286,6 +295,22 @@ def replay(rows: list[dict[str, Any]], cfg) -> list[tuple[int, str]]:
     for r in rows:
         fired += [(r["step"], line) for line in monitor.check(r["step"], r)[1]]
     return fired
+
+
+def discordance(reward: Sequence[float], canary: Sequence[float]) -> float | None:
+    """The share of pairs of completions the canary tells apart that the reward does not order the same way: the canary's
+    worse one is paid at least as much (a tie counts). None when the canary scores them all alike.
+
+    Against a verifier canary, a pair is a rejected and an accepted completion, and a discordant one is a rejected
+    completion paid like an accepted one: what a hack is made of, counted one completion at a time, where a correlation
+    also moves with the honest spread of both rewards."""
+    pairs = bad = 0
+    for i in range(len(canary)):
+        for j in range(len(canary)):
+            if canary[i] < canary[j]:
+                pairs += 1
+                bad += reward[i] >= reward[j]
+    return bad / pairs if pairs else None
 
 
 def _z(before: Sequence[float], after: Sequence[float]) -> float:
@@ -327,6 +352,9 @@ class Canary:
         out = {"canary/mean": _mean(canary), "canary/reward_mean": _mean(train), "canary/n": float(len(both))}
         if len(set(train)) > 1 and len(set(canary)) > 1:  # a correlation needs spread on both sides (all right: none, not 0)
             out["canary/corr"] = pearson(train, canary)
+        unordered = discordance(train, canary)
+        if unordered is not None:
+            out["canary/discordant"] = unordered
         return out
 
     def close(self) -> None:
