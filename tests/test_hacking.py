@@ -212,3 +212,12 @@ def test_discordance_counts_the_canarys_worse_completions_paid_as_much():
     assert hacking.discordance([3, 3, 1, 2], [1, 0, 0, 1]) == 0.5
     assert hacking.discordance([1, 0, 1], [1, 0, 1]) == 0.0  # the reward is the canary
     assert hacking.discordance([0.2, 0.9], [0.7, 0.7]) is None  # the canary tells nothing apart
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):  # against every pair counted one by one, with ties on both sides
+        n = rng.randint(1, 30)
+        canary, reward = [rng.choice([0, 0.5, 1, rng.random()]) for _ in range(n)], [rng.choice([0, 1, 3, rng.random()]) for _ in range(n)]
+        pairs = [(i, j) for i in range(n) for j in range(n) if canary[i] < canary[j]]
+        want = sum(reward[i] >= reward[j] for i, j in pairs) / len(pairs) if pairs else None
+        assert hacking.discordance(reward, canary) == pytest.approx(want)

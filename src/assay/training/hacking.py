@@ -28,6 +28,8 @@ divergence from the true objective is seen at all (Goodhart's law as measured by
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from collections import deque
@@ -304,12 +306,16 @@ def discordance(reward: Sequence[float], canary: Sequence[float]) -> float | Non
     Against a verifier canary, a pair is a rejected and an accepted completion, and a discordant one is a rejected
     completion paid like an accepted one: what a hack is made of, counted one completion at a time, where a correlation
     also moves with the honest spread of both rewards."""
+    above: list[float] = []  # the rewards of completions the canary scored higher than the level at hand, sorted
     pairs = bad = 0
-    for i in range(len(canary)):
-        for j in range(len(canary)):
-            if canary[i] < canary[j]:
-                pairs += 1
-                bad += reward[i] >= reward[j]
+    by_level = sorted(zip(canary, reward), key=lambda cr: -cr[0])
+    for _, level in itertools.groupby(by_level, key=lambda cr: cr[0]):  # canary levels, best first
+        level = [r for _, r in level]
+        for r in level:
+            pairs += len(above)
+            bad += bisect.bisect_right(above, r)  # better completions paid no more than this one
+        for r in level:
+            bisect.insort(above, r)
     return bad / pairs if pairs else None
 
 
