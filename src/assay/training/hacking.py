@@ -310,11 +310,11 @@ def discordance(reward: Sequence[float], canary: Sequence[float]) -> float | Non
     pairs = bad = 0
     by_level = sorted(zip(canary, reward), key=lambda cr: -cr[0])
     for _, level in itertools.groupby(by_level, key=lambda cr: cr[0]):  # canary levels, best first
-        level = [r for _, r in level]
-        for r in level:
+        paid = [r for _, r in level]
+        for r in paid:
             pairs += len(above)
             bad += bisect.bisect_right(above, r)  # better completions paid no more than this one
-        for r in level:
+        for r in paid:
             bisect.insort(above, r)
     return bad / pairs if pairs else None
 

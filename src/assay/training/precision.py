@@ -24,7 +24,6 @@ runs in the parameter dtype (fp32 accumulation) and its output is cast to fp32 b
 from __future__ import annotations
 
 import math
-
 from typing import Any, Callable, Iterable
 
 import torch
