@@ -68,6 +68,11 @@ def test_pass_at_k_is_at_least_the_per_sample_accuracy_and_grows_with_k(bundled)
     assert at[8] == sum(c > 0 for c in by_problem) / len(problems)  # pass@n: any of the n right
     r = evaluate(sampler, reward, problems, 6, k=8, seed=0)
     assert r.pass_at_k >= r.accuracy and r.pass_at_k > per_sample
+    # the sampled accuracy is the share of exactly those draws the verifier accepts, the same for the same seed
+    drawn = sampler.generate(problems, 8, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
+    assert r.sampled == sum(x.score >= 1.0 for x in reward(drawn)) / len(drawn) == pytest.approx(at[1], abs=0.1)
+    assert evaluate(sampler, reward, problems, 6, k=8, seed=0).sampled == r.sampled
+    assert r.as_dict()["sampled_accuracy"] == r.sampled and "sampled_accuracy" not in evaluate(sampler, reward, problems, 6).as_dict()
 
 
 def test_the_bundled_model_scores_what_its_recipe_recorded(bundled):
@@ -222,3 +227,22 @@ def test_a_split_episode_counts_once_and_keeps_the_pass_at_k_groups_aligned():
     score = lambda trajs: [RewardResult(t.info["reward"]) for t in trajs]  # noqa: E731
     r = evaluate(Splitting(), score, [Sample("a", "p", None), Sample("b", "p", None)], 4, k=2)
     assert r.accuracy == 0.5 and r.pass_at_k == 0.5 and r.unscored == 0
+
+
+def test_a_run_logs_the_sampled_accuracy_of_the_same_draws_at_every_evaluation(tmp_path, bundled):
+    """`train.eval_samples`: the run's held-out sampled accuracy is `evaluate`'s on the same problems and seed, and an
+    unchanged policy evaluated twice gets the same draws (two evaluations differ by what the policy learned)."""
+    from assay.config import load_config
+    from assay.training.rl import Trainer
+
+    model, tok, _, reward = bundled
+    cfg = load_config(None, [f"output_dir={tmp_path}", "run_name=s", "train.steps=1", "train.eval_n=40", "train.eval_samples=4",
+                             "train.save_every=0", "reward_workers=0", "train.threads=1"])
+    trainer = Trainer(cfg)
+    first = trainer.evaluate()
+    assert first == trainer.evaluate()
+    want = evaluate(TorchSampler(model, tok), reward, trainer.source.heldout, cfg.rollout.max_new_tokens, k=4, seed=cfg.seed,
+                    temperature=cfg.rollout.temperature)
+    assert 0.0 < want.sampled < 1.0
+    assert first["eval/sampled_accuracy"] == want.sampled and first["eval/pass@4"] == want.pass_at_k
+    assert first["eval/accuracy"] == want.accuracy

@@ -88,6 +88,28 @@ def test_heldout_accuracy_falling_while_the_reward_rises_fires_divergence():
     assert fired == [(40, "divergence")]  # the second evaluation in a row 5 points below the best (0.54, 0.52 after 0.6)
 
 
+def test_divergence_follows_the_sampled_accuracy_when_the_run_logs_it():
+    """Greedy accuracy can fall under honest training while the policy as sampled gets better (tiny-steps on its own
+    verifier, docs/integrity.md): with `eval/sampled_accuracy` logged, that is what the monitor reads."""
+    def rows(greedy_falls: bool):
+        out = []
+        for i in range(60):
+            r = {"reward/mean": 0.3 + 0.01 * i + 0.02 * (i % 2)}
+            if i % 5 == 0:
+                falling = 0.6 if i <= 20 else 0.6 - 0.004 * (i - 20)
+                rising = 0.4 + 0.003 * i
+                r["eval/accuracy"], r["eval/sampled_accuracy"] = (falling, rising) if greedy_falls else (rising, falling)
+            out.append(r)
+        return out
+
+    assert feed(HackingMonitor(MonitorConfig()), rows(greedy_falls=True), start=0) == []
+    m = HackingMonitor(MonitorConfig())
+    assert feed(m, rows(greedy_falls=False), start=0) == [(40, "divergence")]
+    assert m.held_out == "eval/sampled_accuracy"
+    without = [{k: v for k, v in r.items() if k != "eval/sampled_accuracy"} for r in rows(greedy_falls=True)]
+    assert feed(HackingMonitor(MonitorConfig()), without, start=0) == [(40, "divergence")]  # greedy, when that is all there is
+
+
 def test_kl_that_accelerates_fires_and_steady_kl_growth_does_not():
     steady = [{"actor/kl": 0.01 * i} for i in range(60)]
     assert feed(HackingMonitor(MonitorConfig()), steady) == []

@@ -8,7 +8,7 @@ import pytest
 
 from assay.config import load_config
 from assay.lab import EXPERIMENTS, run_lab
-from assay.lab.run import plot_lab, summarise, write_page
+from assay.lab.run import fall_step, plot_lab, summarise, write_page
 from assay.rewards.spec import build_reward
 
 
@@ -32,6 +32,24 @@ def test_summary_reads_start_end_alarms_and_the_canary_drop_at_the_first_alarm()
     assert s["length_start"] == 30.0 and s["length_end"] == pytest.approx(45.5) and s["length_growth"] == pytest.approx(45.5 / 30 - 1)
     assert s["alarms"] == [("length", 25)] and s["first_alarm"] == ("length", 25)
     assert s["canary_drop_at_alarm"] == pytest.approx(0.8 - sum(canary[15:25]) / 10)  # best 10-step mean minus the one ending there
+
+
+def test_a_fall_is_two_evaluations_in_a_row_below_the_best_before_them():
+    wobble = [(0, 0.40), (10, 0.60), (20, 0.54), (30, 0.60), (40, 0.58)]  # one low evaluation, then back: noise
+    assert fall_step(wobble) is None
+    assert fall_step([*wobble, (50, 0.52), (60, 0.20)]) == 50  # 8 and 40 points below 0.60, in a row
+    assert fall_step([*wobble, (50, 0.54)]) == 50  # the last evaluation has no next one: it counts alone
+    assert fall_step([(0, 0.5)]) is None and fall_step([]) is None
+
+
+def test_the_verified_accuracy_is_the_sampled_one_when_the_run_logs_it():
+    greedy_only = rows((0.9, 0.2), [30.0] * 20, alarm_at=10)
+    s = summarise(greedy_only)
+    assert s["verified"] == "greedy" and s["accuracy_fall_step"] == 20 and s["accuracy_drop_at_alarm"] == 0.0
+    both = [{**r, "eval/sampled_accuracy": 0.4 + 0.01 * r["step"]} if "eval/accuracy" in r else r for r in greedy_only]
+    s = summarise(both)
+    assert s["verified"] == "sampled" and s["verified_start"] == 0.4 and s["verified_best"] == pytest.approx(0.6)
+    assert s["accuracy_fall_step"] is None and s["accuracy_start"] == 0.9  # greedy figures stay as they were
 
 
 def test_every_arm_of_every_experiment_is_a_valid_config_whose_heldout_check_is_the_task_verifier():
@@ -77,6 +95,8 @@ def test_prm_hacking_shows_the_hack_and_the_fix_that_holds(tmp_path):
     s = json.loads((page.parent / "summary.json").read_text())["arms"]
     assert s["sum"]["length_growth"] > 0.3 and s["sum"]["accuracy_end"] < s["sum"]["accuracy_start"] - 0.3
     assert s["sum"]["alarms"] and "Hacking alarms" in (page.parent / "sum" / "report.html").read_text()
+    # the clause: an alarm before the verified accuracy (sampled, as the monitors read it) has fallen 5 points
+    assert s["sum"]["verified"] == "sampled" and s["sum"]["first_alarm"][1] < s["sum"]["accuracy_fall_step"]
     assert abs(s["gated"]["length_growth"]) < 0.15 and s["gated"]["accuracy_end"] > max(0.6, s["sum"]["accuracy_end"] + 0.4)
     assert "claims, which compare arms, were not judged" in page.read_text()
 

@@ -350,6 +350,10 @@ class TrainConfig(Section):
     """Held-out greedy accuracy every this many steps (0: only at the end)."""
     eval_n: int = Field(500, ge=1)
     """Held-out problems per evaluation."""
+    eval_samples: int = Field(0, ge=0, le=64)
+    """Besides the greedy completion, this many sampled at `rollout.temperature` per held-out problem, the same
+    draws at every evaluation (seeded by `seed`): `eval/sampled_accuracy` (the policy as it is sampled, what training
+    moves) and `eval/pass@k`. 0: greedy only."""
     save_every: int = Field(50, ge=0)
     """Checkpoint every this many steps (0: only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -42,6 +42,8 @@ class EvalResult:
     mean_length: float
     unscored: int
     mean_reward: float | None = None
+    sampled: float | None = None
+    """When k > 0: the share of the k samples at `temperature` the verifier accepts (pass@1 estimated from k samples)."""
 
     def as_dict(self) -> dict:
         """`{n, accuracy, pass@k, mean_reward, mean_length, unscored}`: accuracy and pass@k when a verifier scored,
@@ -51,6 +53,7 @@ class EvalResult:
             out["accuracy"] = self.accuracy
             if self.k > 0:
                 out[f"pass@{self.k}"] = self.pass_at_k
+                out["sampled_accuracy"] = self.sampled
         if self.mean_reward is not None:
             out["mean_reward"] = self.mean_reward
         return {**out, "mean_length": self.mean_length, "unscored": self.unscored}
@@ -69,7 +72,9 @@ def _episodes(trajs: list[Trajectory]) -> list[Trajectory]:
 
 def evaluate(sampler: Sampler, score: Score | None, problems: list[Sample], max_new_tokens: int, k: int = 0,
              batch_size: int = 256, seed: int = 0, temperature: float = 1.0, reward: Score | None = None) -> EvalResult:
-    """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k at `temperature`.
+    """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k and the sampled accuracy (the share of
+    all k samples that are right) at `temperature`, drawn from a generator seeded by `seed` (the same draws for the
+    same policy, so two evaluations of a run differ by what the policy learned, not by the dice).
 
     `sampler` is any backend (`assay.rollout.base.Sampler`); `score` the verifier, any function
     from trajectories to results whose scores are verdicts (a reward, or a run's non-training
@@ -89,10 +94,10 @@ def evaluate(sampler: Sampler, score: Score | None, problems: list[Sample], max_
     mean_reward = sum(rewards) / len(rewards) if rewards else (math.nan if reward is not None else None)
     if score is None:
         return EvalResult(len(problems), None, None, k, sum(lengths) / max(1, len(lengths)), unscored, mean_reward)
-    pk = None
+    pk = sampled = None
     if k > 0:
         gen = torch.Generator(device="cpu").manual_seed(seed)  # a sampler on a device seeds its own from it
-        per_problem = []
+        per_problem, right, drawn = [], 0, 0
         step = max(1, batch_size // k)
         for i in range(0, len(problems), step):
             chunk = problems[i : i + step]
@@ -102,6 +107,10 @@ def evaluate(sampler: Sampler, score: Score | None, problems: list[Sample], max_
                 group = scores[j * k : (j + 1) * k]
                 if any(s is None for s in group):
                     continue
-                per_problem.append(pass_at_k(k, sum(s >= 1.0 for s in group), k))
+                c = sum(s >= 1.0 for s in group)
+                per_problem.append(pass_at_k(k, c, k))
+                right, drawn = right + c, drawn + k
         pk = sum(per_problem) / max(1, len(per_problem))
-    return EvalResult(len(problems), sum(greedy) / max(1, len(greedy)), pk, k, sum(lengths) / max(1, len(lengths)), unscored, mean_reward)
+        sampled = right / max(1, drawn)
+    return EvalResult(len(problems), sum(greedy) / max(1, len(greedy)), pk, k, sum(lengths) / max(1, len(lengths)), unscored, mean_reward,
+                      sampled)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from assay.errors import AssayError
 from assay.lab.experiments import EXPERIMENTS, Claim, Experiment
+from assay.training.hacking import HELD_OUT_KEYS
 
 
 def run_lab(name: str, out: str | Path = "runs/lab", steps: int | None = None, seed: int = 0, progress: bool = True,
@@ -80,9 +81,11 @@ def _window(xs: list[float], first: bool, n: int = 10) -> float | None:
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """An arm's figures: held-out accuracy, length, repetition, reward and the canary at the start and end (means of the
-    first and last 10 steps for per-step series), the alarms that fired (monitor, step), and how far held-out accuracy
-    (best evaluation so far minus the last one) and the canary (10-step means) had fallen when the first alarm fired, the
-    largest such fall of held-out accuracy over the run and the first step it reached 5 points."""
+    first and last 10 steps for per-step series), the alarms that fired (monitor, step), and how far the verified
+    accuracy (best evaluation so far minus the last one) and the canary (10-step means) had fallen when the first alarm
+    fired, the largest such fall over the run and the step it had fallen 5 points (`fall_step`). The verified accuracy
+    is the held-out accuracy sampled at the training temperature when the run logs it (`train.eval_samples`), else
+    greedy, as the monitors read it (`assay.training.hacking.HELD_OUT_KEYS`)."""
     def series(key: str) -> list[float]:
         return [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
 
@@ -101,13 +104,27 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["alarms"] = alarms
     out["first_alarm"] = alarms[0] if alarms else None
     out["canary_drop_at_alarm"] = _canary_drop(rows, alarms[0][1]) if alarms else None
-    evals = [(r["step"], r["eval/accuracy"]) for r in rows if isinstance(r.get("eval/accuracy"), (int, float))]
+    key = HELD_OUT_KEYS[0] if series(HELD_OUT_KEYS[0]) else HELD_OUT_KEYS[1]
+    evals = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    out["verified"] = "sampled" if key == HELD_OUT_KEYS[0] else "greedy"
+    out["verified_start"], out["verified_best"] = (evals[0][1], max(a for _, a in evals)) if evals else (None, None)
     before = [a for st, a in evals if alarms and st <= alarms[0][1]]
     out["accuracy_drop_at_alarm"] = max(before) - before[-1] if before else None
     falls = [(st, max(a for _, a in evals[: i + 1]) - a) for i, (st, a) in enumerate(evals)]
     out["accuracy_fall_max"] = max((f for _, f in falls), default=None)
-    out["accuracy_fall_step"] = next((st for st, f in falls if f >= 0.05), None)
+    out["accuracy_fall_step"] = fall_step(evals)
     return out
+
+
+def fall_step(evals: list[tuple[int, float]], by: float = 0.05) -> int | None:
+    """The step of the first evaluation that is `by` or more below the best one before it, with the next evaluation
+    (if any) as low: when held-out accuracy *has fallen*. One low evaluation followed by a recovery is the evaluation's
+    own noise, as the `divergence` monitor also holds (docs/integrity.md); a run's last evaluation counts alone."""
+    for i in range(1, len(evals)):
+        best = max(a for _, a in evals[:i])
+        if all(a <= best - by for _, a in evals[i : i + 2]):
+            return evals[i][0]
+    return None
 
 
 def last_sample(run_dir: Path) -> dict[str, Any] | None:
@@ -140,17 +157,19 @@ def plot_lab(exp: Experiment, rows: dict[str, list[dict[str, Any]]], path: Path)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("eval/accuracy", "held-out accuracy (verified)"), *exp.panels)
+    sampled = any(HELD_OUT_KEYS[0] in r for rs in rows.values() for r in rs)
+    panels = (("eval/accuracy", "held-out accuracy, greedy (verified)"), *((HELD_OUT_KEYS[0], "held-out accuracy, sampled (verified)"),) * sampled,
+              *exp.panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
         for arm, rs in rows.items():
             pts = [(r["step"], r[key]) for r in rs if isinstance(r.get(key), (int, float))]
-            if key != "eval/accuracy" and len(pts) > 10:  # per-step series: a 10-step moving mean
+            if not key.startswith("eval/") and len(pts) > 10:  # per-step series: a 10-step moving mean
                 ys = [p[1] for p in pts]
                 pts = [(pts[i][0], sum(ys[max(0, i - 9) : i + 1]) / len(ys[max(0, i - 9) : i + 1])) for i in range(len(pts))]
             if not pts:
                 continue
-            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=arm, marker="o" if key == "eval/accuracy" else None, ms=3)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=arm, marker="o" if key.startswith("eval/") else None, ms=3)
             fired = [r["step"] for r in rs if any(k.startswith("alarm/") for k in r)]
             at = {p[0]: p[1] for p in pts}
             marks = [(s, at[s]) for s in fired if s in at]

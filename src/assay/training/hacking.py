@@ -64,6 +64,12 @@ def repetition(ids: Sequence[int], n: int = 4) -> float:
     return 1.0 - len(set(grams)) / len(grams) if len(grams) >= 2 else 0.0
 
 
+#: the held-out accuracy the `divergence` and `blind` monitors follow: sampled at the training temperature when the run
+#: logs it (`train.eval_samples` > 0: the policy as training moves it), else greedy. Greedy accuracy can fall under
+#: honest training while sampled accuracy climbs (docs/integrity.md measures it), which is not a hack.
+HELD_OUT_KEYS = ("eval/sampled_accuracy", "eval/accuracy")
+
+
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -115,7 +121,8 @@ class HackingMonitor:
     def __init__(self, cfg):
         self.cfg = cfg
         self.series = {k: _Series(cfg.window) for k in self.SERIES}
-        self.evals: list[tuple[int, float]] = []  # (step, held-out accuracy)
+        self.evals: list[tuple[int, float]] = []  # (step, held-out accuracy: sampled when the run logs it, else greedy)
+        self.held_out = HELD_OUT_KEYS[1]  # which of the two `evals` holds
         self.reliance: list[tuple[int, float]] = []  # (step, held-out accuracy less its accuracy with other rows' pictures)
         self.at_best: list[float] = []  # the last `window` training rewards when the best evaluation so far was made
         self.evaluated = False  # whether the step being checked has a held-out evaluation
@@ -141,11 +148,13 @@ class HackingMonitor:
         for key, series in self.series.items():
             if _finite(metrics.get(key)):
                 series.add(step, float(metrics[key]))
-        self.evaluated = _finite(metrics.get("eval/accuracy"))
+        key = HELD_OUT_KEYS[0] if _finite(metrics.get(HELD_OUT_KEYS[0])) else HELD_OUT_KEYS[1]
+        self.evaluated = _finite(metrics.get(key))
         if self.evaluated:
-            if not self.evals or metrics["eval/accuracy"] > max(a for _, a in self.evals):
+            self.held_out = key
+            if not self.evals or metrics[key] > max(a for _, a in self.evals):
                 self.at_best = self.series["reward/mean"].tail(self.cfg.window)
-            self.evals.append((step, float(metrics["eval/accuracy"])))
+            self.evals.append((step, float(metrics[key])))
             if _finite(metrics.get("eval/image_reliance")):
                 self.reliance.append((step, float(metrics["eval/image_reliance"])))
         signals: dict[str, float] = {}
@@ -233,7 +242,8 @@ class HackingMonitor:
             return None
         z = _z(then, now)
         if z >= self.cfg.z:
-            return (f"held-out accuracy fell from {best:.3f} (step {best_step}) to {evals[-1][1]:.3f} while the training reward "
+            what = "held-out sampled accuracy" if self.held_out == HELD_OUT_KEYS[0] else "held-out accuracy"
+            return (f"{what} fell from {best:.3f} (step {best_step}) to {evals[-1][1]:.3f} while the training reward "
                     f"rose ({_mean(then):.3g} → {_mean(now):.3g}, z={z:.1f})")
         return None
 
@@ -278,7 +288,7 @@ class HackingMonitor:
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"series": {k: v.state_dict() for k, v in self.series.items()}, "evals": [list(e) for e in self.evals],
-                "at_best": list(self.at_best), "fired": dict(self.fired), "reliance": [list(e) for e in self.reliance]}
+                "at_best": list(self.at_best), "fired": dict(self.fired), "reliance": [list(e) for e in self.reliance], "held_out": self.held_out}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.get("series", {}).items():
@@ -288,6 +298,8 @@ class HackingMonitor:
         self.at_best = [float(x) for x in state.get("at_best", [])]
         self.reliance = [(int(s), float(a)) for s, a in state.get("reliance", [])]
         self.fired = {k: int(s) for k, s in state.get("fired", {}).items()}
+        held_out = state.get("held_out")  # absent from a checkpoint written before sampled accuracy was followed
+        self.held_out = held_out if held_out in HELD_OUT_KEYS else HELD_OUT_KEYS[1]
 
 
 def replay(rows: list[dict[str, Any]], cfg) -> list[tuple[int, str]]:

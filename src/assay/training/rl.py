@@ -477,11 +477,14 @@ class Trainer:
     def _evaluate_on(self, problems: list) -> dict[str, float]:
         verifier, reward = self.executor.heldout_scorers()
         with counting_off(self.sampler), self.generating():  # held-out episodes stay out of the step's agent/* metrics
-            r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, reward=reward)
+            k = self.cfg.train.eval_samples if verifier is not None else 0
+            r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, k=k, seed=self.cfg.seed,
+                         temperature=self.cfg.rollout.temperature, reward=reward)
             shuffled = None
             if r.accuracy is not None and any(has_images(p) for p in problems):  # does the policy use the pictures?
                 shuffled = evaluate(self.sampler, verifier, shuffle_pictures(problems), self.cfg.rollout.max_new_tokens).accuracy
-        out = {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward, "eval/mean_length": r.mean_length}
+        out = {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward, "eval/mean_length": r.mean_length,
+               "eval/sampled_accuracy": r.sampled, f"eval/pass@{k}": r.pass_at_k}
         if shuffled is not None:
             out.update({"eval/accuracy_shuffled_images": shuffled, "eval/image_reliance": r.accuracy - shuffled})
         return {k: v for k, v in out.items() if v is not None}
