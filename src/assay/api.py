@@ -47,7 +47,7 @@ def run_config(config: ConfigLike = None, overrides: Iterable[str] = ()) -> RunC
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise AssayError(explain(e, data)) from None
+        raise AssayError(explain(e, data, RunConfig)) from None
 
 
 def _progress(progress: bool | None) -> bool:

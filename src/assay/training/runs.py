@@ -176,7 +176,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] | None = None) -> Ru
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise AssayError(explain(e, data)) from None
+        raise AssayError(explain(e, data, RunConfig)) from None
 
 
 def changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
