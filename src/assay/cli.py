@@ -102,8 +102,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
+        width = max(map(len, out))
         for key, v in out.items():
-            print(f"{key:>12}: {v:.4f}" if isinstance(v, float) else f"{key:>12}: {v}")
+            print(f"{key:>{width}}: {v:.4f}" if isinstance(v, float) else f"{key:>{width}}: {v}")
     return 0
 
 

@@ -46,8 +46,8 @@ class EvalResult:
     """When k > 0: the share of the k samples at `temperature` the verifier accepts (pass@1 estimated from k samples)."""
 
     def as_dict(self) -> dict:
-        """`{n, accuracy, pass@k, mean_reward, mean_length, unscored}`: accuracy and pass@k when a verifier scored,
-        pass@k when k > 0, mean_reward when a learned reward did."""
+        """`{n, accuracy, pass@k, sampled_accuracy, mean_reward, mean_length, unscored}`: accuracy and pass@k when a
+        verifier scored, pass@k and sampled_accuracy when k > 0, mean_reward when a learned reward did."""
         out: dict = {"n": self.n}
         if self.accuracy is not None:
             out["accuracy"] = self.accuracy

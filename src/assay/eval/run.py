@@ -110,7 +110,8 @@ def evaluate_model(model: str | None = None, *, task: str | None = None, task_ar
             `shuffle` them (each row gets the next row's), or `describe` them (the row's `image_description`
             text in their place): the controls that show whether a policy uses the pictures.
     Returns:
-        `{model, task|data|run, n, accuracy, pass@k, mean_length, unscored}`; with an
+        `{model, task|data|run, n, accuracy, pass@k, sampled_accuracy, mean_length, unscored}` (`sampled_accuracy`:
+        the share of the k samples right, with k > 0); with an
         environment also `env`, `turns_mean` and `tool_calls_per_episode` (over every
         episode run, the pass@k samples included). A reward whose scores are not verdicts
         (a reward model, a judge) gives `mean_reward` instead, with `accuracy` and `pass@k`
