@@ -337,7 +337,7 @@ class TrainConfig(Section):
         """`train.report_to=tensorboard` is the list of that one tracker."""
         return [v] if isinstance(v, str) else v
     eval_every: int = Field(20, ge=0)
-    """Held-out greedy accuracy every this many steps (0: only at the end)."""
+    """Held-out greedy accuracy (and `eval_samples`) every this many steps (0: only at the end)."""
     eval_n: int = Field(500, ge=1)
     """Held-out problems per evaluation."""
     eval_samples: int = Field(0, ge=0, le=64)

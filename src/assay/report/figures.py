@@ -16,7 +16,8 @@ def heldout_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Held-out figures at the first and last evaluation: verified accuracy when a verifier checked the answers
     (always, with a verifier as the reward), the mean of a learned reward when the run's reward gives no verdicts."""
     out: dict[str, Any] = {}
-    for key, name in (("eval/accuracy", "held-out accuracy"), ("eval/mean_reward", "held-out mean reward")):
+    for key, name in (("eval/accuracy", "held-out accuracy"), ("eval/sampled_accuracy", "held-out sampled accuracy"),
+                      ("eval/mean_reward", "held-out mean reward")):
         vals = [r[key] for r in rows if r.get(key) is not None]
         if vals or key == "eval/accuracy" and not any("eval/mean_reward" in r for r in rows):
             out[f"{name} at start"], out[f"{name} at end"] = (vals[0], vals[-1]) if vals else (None, None)

@@ -15,8 +15,9 @@ from assay.report.metrics import read_metrics
 
 PLOTS = {
     "reward.png": ("Training reward", [("reward/mean", "reward mean"), ("train/accuracy", "train accuracy")]),
-    "heldout_accuracy.png": ("Held-out greedy accuracy (verified) and mean reward",
-                             [("eval/accuracy", "held-out accuracy"), ("eval/mean_reward", "held-out mean reward (a learned reward's scale)")]),
+    "heldout_accuracy.png": ("Held-out accuracy (verified) and mean reward",
+                             [("eval/accuracy", "held-out accuracy (greedy)"), ("eval/sampled_accuracy", "held-out accuracy, sampled (train.eval_samples)"),
+                              ("eval/mean_reward", "held-out mean reward (a learned reward's scale)")]),
 }
 #: drawn only for a run whose rows have `agent/*` metrics (an `env:` block)
 AGENT_PLOTS = {

@@ -467,7 +467,8 @@ class Trainer:
         return {k: sum(v) / len(v) for k, v in agg.items()}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out greedy accuracy (verified), the mean of a learned reward, and length (nothing without held-out data)."""
+        """Held-out greedy accuracy (verified; sampled too with `train.eval_samples`), the mean of a learned reward, and length
+        (nothing without held-out data)."""
         out = self._evaluate_on(self.source.heldout) if self.source.heldout else {}
         pictures = getattr(self.sampler, "save_greedy", None)  # an image policy: the held-out pictures, for the report
         if pictures is not None and self.ranks.main and self.source.heldout:
