@@ -14,6 +14,7 @@ from assay.rewards.base import REWARDS
 from assay.rewards.spec import load_builtins
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
+from assay.types import RewardResult
 
 load_builtins()
 RECIPE_TASK = {"terms": 2, "max_value": 99, "ops": "+"}  # recipes/tiny-arith/recipe.yaml
@@ -68,11 +69,34 @@ def test_pass_at_k_is_at_least_the_per_sample_accuracy_and_grows_with_k(bundled)
     assert at[8] == sum(c > 0 for c in by_problem) / len(problems)  # pass@n: any of the n right
     r = evaluate(sampler, reward, problems, 6, k=8, seed=0)
     assert r.pass_at_k >= r.accuracy and r.pass_at_k > per_sample
-    # the sampled accuracy is the share of exactly those draws the verifier accepts, the same for the same seed
-    drawn = sampler.generate(problems, 8, SamplingParams(6, 1.0), torch.Generator().manual_seed(0))
-    assert r.sampled == sum(x.score >= 1.0 for x in reward(drawn)) / len(drawn) == pytest.approx(at[1], abs=0.1)
-    assert evaluate(sampler, reward, problems, 6, k=8, seed=0).sampled == r.sampled
+    # the sampled accuracy is the share of exactly the pass@k draws the verifier accepts (one chunk of 40 problems × 8
+    # here, so the draws are those of one generate call), and pass@1 of those draws; the same seed, the same draws
+    one = evaluate(sampler, reward, problems, 6, k=8, seed=0, batch_size=8 * len(problems))
+    drawn = [x.score >= 1.0 for x in reward(sampler.generate(problems, 8, SamplingParams(6, 1.0), torch.Generator().manual_seed(0)))]
+    groups = [sum(drawn[8 * i : 8 * i + 8]) for i in range(len(problems))]
+    assert one.sampled == sum(drawn) / len(drawn) == pytest.approx(sum(pass_at_k(8, c, 1) for c in groups) / len(problems))
+    assert one.pass_at_k == pytest.approx(sum(pass_at_k(8, c, 8) for c in groups) / len(problems))
+    assert evaluate(sampler, reward, problems, 6, k=8, seed=0, batch_size=8 * len(problems)).sampled == one.sampled
     assert r.as_dict()["sampled_accuracy"] == r.sampled and "sampled_accuracy" not in evaluate(sampler, reward, problems, 6).as_dict()
+
+
+def test_the_sampled_accuracy_leaves_out_what_the_verifier_cannot_score(bundled):
+    """A sample the verifier cannot score is not counted as wrong; with nothing scored there is no figure (not a 0 that
+    the `divergence` monitor would read as a fall)."""
+    model, tok, task, reward = bundled
+    problems = task.heldout(12)
+    sampler = TorchSampler(model, tok)
+
+    def every_other(trajs):  # the real verifier on every other sample, "cannot score" on the rest
+        return [r if i % 2 == 0 else RewardResult(None) for i, r in enumerate(reward(trajs))]
+
+    full = evaluate(sampler, reward, problems, 6, k=4, seed=0, batch_size=48)
+    half = evaluate(sampler, every_other, problems, 6, k=4, seed=0, batch_size=48)
+    drawn = [r.score >= 1.0 for r in reward(sampler.generate(problems, 4, SamplingParams(6, 1.0), torch.Generator().manual_seed(0)))]
+    assert full.sampled == sum(drawn) / len(drawn) and half.sampled == sum(drawn[0::2]) / len(drawn[0::2])
+    assert half.pass_at_k == 0.0  # no problem had all four samples scored: an empty pass@k, as before
+    nothing = evaluate(sampler, lambda trajs: [RewardResult(None) for _ in trajs], problems, 6, k=4, seed=0)
+    assert nothing.sampled is None and "sampled_accuracy" not in nothing.as_dict()
 
 
 def test_the_bundled_model_scores_what_its_recipe_recorded(bundled):

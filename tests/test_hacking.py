@@ -243,3 +243,19 @@ def test_discordance_counts_the_canarys_worse_completions_paid_as_much():
         pairs = [(i, j) for i in range(n) for j in range(n) if canary[i] < canary[j]]
         want = sum(reward[i] >= reward[j] for i, j in pairs) / len(pairs) if pairs else None
         assert hacking.discordance(reward, canary) == pytest.approx(want)
+
+
+def test_the_followed_accuracy_survives_a_resume_and_an_older_checkpoint_falls_back_to_greedy():
+    rows = [{"reward/mean": 0.3 + 0.01 * i, **({"eval/accuracy": 0.8, "eval/sampled_accuracy": 0.4 + 0.01 * i} if i % 5 == 0 else {})}
+            for i in range(30)]
+    first = HackingMonitor(MonitorConfig())
+    feed(first, rows)
+    state = json.loads(json.dumps(first.state_dict()))
+    again = HackingMonitor(MonitorConfig())
+    again.load_state_dict(state)
+    assert again.held_out == "eval/sampled_accuracy" and again.tracked == first.tracked and again.evals == first.evals
+    assert [a for _, a in again.tracked][:2] == [0.4, 0.45] and {a for _, a in again.evals} == {0.8}
+    old = {k: v for k, v in state.items() if k not in ("tracked", "held_out")}  # written before sampled accuracy was followed
+    older = HackingMonitor(MonitorConfig())
+    older.load_state_dict(old)
+    assert older.held_out == "eval/accuracy" and older.tracked == older.evals == first.evals

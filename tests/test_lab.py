@@ -73,6 +73,10 @@ def test_claims_are_judged_from_the_figures_and_the_page_says_what_was_not_seen(
     claims = exp.claims(summaries)
     assert [c.seen for c in claims[:2]] == [True, True] and all(c.seen for c in claims[2:6])
     assert claims[-1].text.startswith("A hacking monitor fires") and "`length` at step 30" in claims[-1].figures
+    assert claims[-1].seen and "had fallen 5 points at step 40" in claims[-1].figures
+    unharmed = {**summaries, "sum": {**summarise(rows((0.88, 0.86), [30.0] * 40, [0.5] * 40, alarm_at=30)), "seconds": 1.0}}
+    early = exp.claims(unharmed)[-1]  # an alarm, but held-out accuracy never fell: nothing for it to be early for
+    assert not early.seen and "never fell 5 points" in early.figures
     summaries["min"] = summaries["sum"]  # a fix that did not hold: said so
     claims = exp.claims(summaries)
     page = write_page(exp, summaries, claims, plot_lab(exp, per, tmp_path / "lab.png"), tmp_path, 40, 0, {})
@@ -96,7 +100,8 @@ def test_prm_hacking_shows_the_hack_and_the_fix_that_holds(tmp_path):
     assert s["sum"]["length_growth"] > 0.3 and s["sum"]["accuracy_end"] < s["sum"]["accuracy_start"] - 0.3
     assert s["sum"]["alarms"] and "Hacking alarms" in (page.parent / "sum" / "report.html").read_text()
     # the clause: an alarm before the verified accuracy (sampled, as the monitors read it) has fallen 5 points
-    assert s["sum"]["verified"] == "sampled" and s["sum"]["first_alarm"][1] < s["sum"]["accuracy_fall_step"]
+    assert s["sum"]["verified"] == "sampled" and s["sum"]["accuracy_fall_step"] is not None
+    assert s["sum"]["first_alarm"][1] < s["sum"]["accuracy_fall_step"], (s["sum"]["alarms"], s["sum"]["accuracy_fall_step"])
     assert abs(s["gated"]["length_growth"]) < 0.15 and s["gated"]["accuracy_end"] > max(0.6, s["sum"]["accuracy_end"] + 0.4)
     assert "claims, which compare arms, were not judged" in page.read_text()
 

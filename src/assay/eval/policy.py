@@ -53,7 +53,8 @@ class EvalResult:
             out["accuracy"] = self.accuracy
             if self.k > 0:
                 out[f"pass@{self.k}"] = self.pass_at_k
-                out["sampled_accuracy"] = self.sampled
+                if self.sampled is not None:
+                    out["sampled_accuracy"] = self.sampled
         if self.mean_reward is not None:
             out["mean_reward"] = self.mean_reward
         return {**out, "mean_length": self.mean_length, "unscored": self.unscored}
@@ -71,10 +72,12 @@ def _episodes(trajs: list[Trajectory]) -> list[Trajectory]:
 
 
 def evaluate(sampler: Sampler, score: Score | None, problems: list[Sample], max_new_tokens: int, k: int = 0,
-             batch_size: int = 256, seed: int = 0, temperature: float = 1.0, reward: Score | None = None) -> EvalResult:
+             batch_size: int = 256, seed: int = 0, temperature: float = 1.0, reward: Score | None = None, top_p: float = 1.0) -> EvalResult:
     """Greedy accuracy, mean completion length (tokens) and, when k > 0, pass@k and the sampled accuracy (the share of
     all k samples that are right) at `temperature`, drawn from a generator seeded by `seed` (the same draws for the
-    same policy, so two evaluations of a run differ by what the policy learned, not by the dice).
+    same policy, so two evaluations of a run differ by what the policy learned, not by the dice), with nucleus
+    sampling at `top_p` as training samples. The sampled accuracy counts every scored sample; pass@k only the problems
+    whose k samples were all scored.
 
     `sampler` is any backend (`assay.rollout.base.Sampler`); `score` the verifier, any function
     from trajectories to results whose scores are verdicts (a reward, or a run's non-training
@@ -101,16 +104,15 @@ def evaluate(sampler: Sampler, score: Score | None, problems: list[Sample], max_
         step = max(1, batch_size // k)
         for i in range(0, len(problems), step):
             chunk = problems[i : i + step]
-            trajs = _episodes(sampler.generate(chunk, k, SamplingParams(max_new_tokens, temperature=temperature), gen))
+            trajs = _episodes(sampler.generate(chunk, k, SamplingParams(max_new_tokens, temperature=temperature, top_p=top_p), gen))
             scores = _correct(score, trajs)
             for j in range(len(chunk)):
                 group = scores[j * k : (j + 1) * k]
-                if any(s is None for s in group):
-                    continue
-                c = sum(s >= 1.0 for s in group)
-                per_problem.append(pass_at_k(k, c, k))
-                right, drawn = right + c, drawn + k
+                scored = [s >= 1.0 for s in group if s is not None]
+                right, drawn = right + sum(scored), drawn + len(scored)
+                if len(scored) == k:
+                    per_problem.append(pass_at_k(k, sum(scored), k))
         pk = sum(per_problem) / max(1, len(per_problem))
-        sampled = right / max(1, drawn)
+        sampled = right / drawn if drawn else None  # nothing scored: no figure, not a 0 a monitor would read as a fall
     return EvalResult(len(problems), sum(greedy) / max(1, len(greedy)), pk, k, sum(lengths) / max(1, len(lengths)), unscored, mean_reward,
                       sampled)

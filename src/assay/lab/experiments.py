@@ -145,10 +145,13 @@ def _early_alarm(hack: dict[str, Any], honest: dict[str, Any] | None = None) -> 
         f"its best at one evaluation, had fallen 5 points at step {honest.get('accuracy_fall_step') or 'none'}, alarms "
         f"{', '.join(f'{m}@{st}' for m, st in honest['alarms']) or 'none'}")
     first, fell = hack["first_alarm"], hack.get("accuracy_fall_step")
-    where = f"{what} had fallen 5 points at step {fell}" if fell is not None else f"{what} never fell 5 points and stayed"
+    if fell is None:  # no damage: nothing for an alarm to come before
+        return Claim(text, False, f"the hacked arm's {what} never fell 5 points and stayed there, so no alarm can be early; alarms "
+                                  f"{', '.join(f'{m}@{st}' for m, st in hack['alarms']) or 'none'}{floor}")
+    where = f"{what} had fallen 5 points at step {fell}"
     if first is None:
         return Claim(text, False, f"no monitor fired; {where}{floor}")
-    return Claim(text, fell is None or first[1] < fell,
+    return Claim(text, first[1] < fell,
                  f"`{first[0]}` at step {first[1]}, {_pts(hack['accuracy_drop_at_alarm'])} below its best by then "
                  f"(the canary, on sampled completions: {_pts(hack['canary_drop_at_alarm'])}); {where}{floor}")
 

@@ -64,7 +64,7 @@ def repetition(ids: Sequence[int], n: int = 4) -> float:
     return 1.0 - len(set(grams)) / len(grams) if len(grams) >= 2 else 0.0
 
 
-#: the held-out accuracy the `divergence` and `blind` monitors follow: sampled at the training temperature when the run
+#: the held-out accuracy the `divergence` monitor follows: sampled at the training temperature when the run
 #: logs it (`train.eval_samples` > 0: the policy as training moves it), else greedy. Greedy accuracy can fall under
 #: honest training while sampled accuracy climbs (docs/integrity.md measures it), which is not a hack.
 HELD_OUT_KEYS = ("eval/sampled_accuracy", "eval/accuracy")
@@ -121,8 +121,9 @@ class HackingMonitor:
     def __init__(self, cfg):
         self.cfg = cfg
         self.series = {k: _Series(cfg.window) for k in self.SERIES}
-        self.evals: list[tuple[int, float]] = []  # (step, held-out accuracy: sampled when the run logs it, else greedy)
-        self.held_out = HELD_OUT_KEYS[1]  # which of the two `evals` holds
+        self.evals: list[tuple[int, float]] = []  # (step, greedy held-out accuracy): `saturation`'s fallback, `blind`
+        self.tracked: list[tuple[int, float]] = []  # (step, the held-out accuracy `divergence` follows: `HELD_OUT_KEYS`)
+        self.held_out = HELD_OUT_KEYS[1]  # which of the two `tracked` holds
         self.reliance: list[tuple[int, float]] = []  # (step, held-out accuracy less its accuracy with other rows' pictures)
         self.at_best: list[float] = []  # the last `window` training rewards when the best evaluation so far was made
         self.evaluated = False  # whether the step being checked has a held-out evaluation
@@ -148,13 +149,15 @@ class HackingMonitor:
         for key, series in self.series.items():
             if _finite(metrics.get(key)):
                 series.add(step, float(metrics[key]))
-        key = HELD_OUT_KEYS[0] if _finite(metrics.get(HELD_OUT_KEYS[0])) else HELD_OUT_KEYS[1]
-        self.evaluated = _finite(metrics.get(key))
+        held = HELD_OUT_KEYS[0] if _finite(metrics.get(HELD_OUT_KEYS[0])) else HELD_OUT_KEYS[1]
+        self.evaluated = _finite(metrics.get(held))
         if self.evaluated:
-            self.held_out = key
-            if not self.evals or metrics[key] > max(a for _, a in self.evals):
+            self.held_out = held
+            if not self.tracked or metrics[held] > max(a for _, a in self.tracked):
                 self.at_best = self.series["reward/mean"].tail(self.cfg.window)
-            self.evals.append((step, float(metrics[key])))
+            self.tracked.append((step, float(metrics[held])))
+        if _finite(metrics.get("eval/accuracy")):
+            self.evals.append((step, float(metrics["eval/accuracy"])))
             if _finite(metrics.get("eval/image_reliance")):
                 self.reliance.append((step, float(metrics["eval/image_reliance"])))
         signals: dict[str, float] = {}
@@ -224,7 +227,7 @@ class HackingMonitor:
         return None
 
     def _divergence(self, signals: dict[str, float]) -> str | None:
-        evals = self.evals
+        evals = self.tracked
         if len(evals) < 3:
             return None
         best_step, best = max(evals[:-2], key=lambda sv: sv[1])
@@ -288,7 +291,8 @@ class HackingMonitor:
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"series": {k: v.state_dict() for k, v in self.series.items()}, "evals": [list(e) for e in self.evals],
-                "at_best": list(self.at_best), "fired": dict(self.fired), "reliance": [list(e) for e in self.reliance], "held_out": self.held_out}
+                "at_best": list(self.at_best), "fired": dict(self.fired), "reliance": [list(e) for e in self.reliance],
+                "tracked": [list(e) for e in self.tracked], "held_out": self.held_out}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.get("series", {}).items():
@@ -298,8 +302,9 @@ class HackingMonitor:
         self.at_best = [float(x) for x in state.get("at_best", [])]
         self.reliance = [(int(s), float(a)) for s, a in state.get("reliance", [])]
         self.fired = {k: int(s) for k, s in state.get("fired", {}).items()}
-        held_out = state.get("held_out")  # absent from a checkpoint written before sampled accuracy was followed
+        held_out = state.get("held_out")  # absent from a checkpoint written before sampled accuracy was followed: greedy
         self.held_out = held_out if held_out in HELD_OUT_KEYS else HELD_OUT_KEYS[1]
+        self.tracked = [(int(s), float(a)) for s, a in state.get("tracked", state.get("evals", []))]
 
 
 def replay(rows: list[dict[str, Any]], cfg) -> list[tuple[int, str]]:

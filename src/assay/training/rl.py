@@ -480,7 +480,7 @@ class Trainer:
         with counting_off(self.sampler), self.generating():  # held-out episodes stay out of the step's agent/* metrics
             k = self.cfg.train.eval_samples if verifier is not None else 0
             r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, k=k, seed=self.cfg.seed,
-                         temperature=self.cfg.rollout.temperature, reward=reward)
+                         temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, reward=reward)
             shuffled = None
             if r.accuracy is not None and any(has_images(p) for p in problems):  # does the policy use the pictures?
                 shuffled = evaluate(self.sampler, verifier, shuffle_pictures(problems), self.cfg.rollout.max_new_tokens).accuracy
