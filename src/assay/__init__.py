@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 #: name → module that defines it (imported on first use)
 _LAZY = {
     "train": "assay.api", "evaluate": "assay.api", "score": "assay.api", "run_config": "assay.api",
-    "RunConfig": "assay.config", "RunResult": "assay.training.rl",
+    "RunConfig": "assay.config", "RunResult": "assay.training.runs",
     "Reward": "assay.protocols", "AdvantageEstimator": "assay.protocols", "PolicyLoss": "assay.protocols", "Sampler": "assay.protocols",
     "SamplingParams": "assay.protocols", "Extra": "assay.training.extras",
     "REWARDS": "assay.rewards.base", "ADVANTAGES": "assay.algos", "POLICY_LOSSES": "assay.algos", "SAMPLERS": "assay.rollout.base",
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from assay.rewards.base import REWARDS
     from assay.rollout.base import SAMPLERS
     from assay.training.extras import EXTRAS, Extra
-    from assay.training.rl import RunResult
+    from assay.training.runs import RunResult
 
 
 def __getattr__(name: str) -> Any:

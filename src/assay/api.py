@@ -25,7 +25,7 @@ from assay.types import RewardResult, Trajectory
 
 if TYPE_CHECKING:
     from assay.rewards.base import Reward
-    from assay.training.rl import RunResult
+    from assay.training.runs import RunResult
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | Path | None
 
@@ -83,7 +83,7 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         exception's `run_dir` and `step` say where to resume.
     """
     from assay.training.interrupt import Preempted
-    from assay.training.rl import RunResult
+    from assay.training.runs import RunResult
     from assay.po.online import trainer_class  # assay.training.sharded's, or PreferenceTrainer for algo.objective other than pg
     from assay.po.selfjudge import serving_policy
     from assay.training.runs import clear_outputs, restart_data, resume_config, stamped
@@ -132,7 +132,8 @@ def _train_on_ray(cfg, folder, resume: bool, progress: bool | None) -> "RunResul
     """`train` with `cluster.ray`: the learner here, or `cluster.learner_workers` learner actors; the local cluster stopped after."""
     from assay.cluster import connect, shutdown
     from assay.cluster.learners import run_learners
-    from assay.training.rl import RunResult, Trainer
+    from assay.training.rl import Trainer
+    from assay.training.runs import RunResult
     from assay.training.runs import new_run_dir
 
     started = connect(cfg.cluster)

@@ -86,8 +86,11 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     fired, the largest such fall over the run and the step it had fallen 5 points (`fall_step`). The verified accuracy
     is the held-out accuracy sampled at the training temperature when the run logs it (`train.eval_samples`), else
     greedy, as the monitors read it (`assay.training.hacking.HELD_OUT_KEYS`)."""
+    def points(key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
     def series(key: str) -> list[float]:
-        return [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        return [v for _, v in points(key)]
 
     acc = series("eval/accuracy")
     out: dict[str, Any] = {"accuracy_start": acc[0] if acc else None, "accuracy_end": acc[-1] if acc else None,
@@ -104,8 +107,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["alarms"] = alarms
     out["first_alarm"] = alarms[0] if alarms else None
     out["canary_drop_at_alarm"] = _canary_drop(rows, alarms[0][1]) if alarms else None
-    key = HELD_OUT_KEYS[0] if series(HELD_OUT_KEYS[0]) else HELD_OUT_KEYS[1]
-    evals = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    key = HELD_OUT_KEYS[0] if points(HELD_OUT_KEYS[0]) else HELD_OUT_KEYS[1]
+    evals = points(key)
     out["verified"] = "sampled" if key == HELD_OUT_KEYS[0] else "greedy"
     out["verified_start"], out["verified_best"] = (evals[0][1], max(a for _, a in evals)) if evals else (None, None)
     before = [a for st, a in evals if alarms and st <= alarms[0][1]]

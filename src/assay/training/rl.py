@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,32 +57,13 @@ from assay.training.learner import (accumulate_step, activation_bytes_per_token,
                                      takes_forward_process, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
-from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record, write_config
+from assay.training.runs import RUN_FILE, RunResult, check_same_run, new_run_dir, read_record, run_record, write_config
 from assay.vision.inputs import has_images, shuffle_pictures
 
 
 def _stem(extra: str) -> str:
     """The checkpoint file stem of an extra's weights (the critic keeps its old name)."""
     return "critic" if extra == "values" else f"extra-{extra}"
-
-
-@dataclass
-class RunResult:
-    """What a run left: its folder and its final figures (`Trainer.summary`)."""
-
-    run_dir: Path
-    final: dict[str, Any]
-
-    @property
-    def model(self) -> Path:
-        """The trained model, a Hugging Face folder (`final/`)."""
-        return self.run_dir / "final"
-
-    def metrics(self) -> list[dict[str, Any]]:
-        """The rows of `metrics.jsonl`, one per logged step."""
-        from assay.report.metrics import read_metrics
-
-        return read_metrics(self.run_dir / "metrics.jsonl")
 
 
 def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
@@ -478,14 +458,14 @@ class Trainer:
     def _evaluate_on(self, problems: list) -> dict[str, float]:
         verifier, reward = self.executor.heldout_scorers()
         with counting_off(self.sampler), self.generating():  # held-out episodes stay out of the step's agent/* metrics
-            k = self.cfg.train.eval_samples if verifier is not None else 0
-            r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, k=k, seed=self.cfg.seed,
+            samples = self.cfg.train.eval_samples if verifier is not None else 0
+            r = evaluate(self.sampler, verifier, problems, self.cfg.rollout.max_new_tokens, k=samples, seed=self.cfg.seed,
                          temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, reward=reward)
             shuffled = None
             if r.accuracy is not None and any(has_images(p) for p in problems):  # does the policy use the pictures?
                 shuffled = evaluate(self.sampler, verifier, shuffle_pictures(problems), self.cfg.rollout.max_new_tokens).accuracy
         out = {"eval/accuracy": r.accuracy, "eval/mean_reward": r.mean_reward, "eval/mean_length": r.mean_length,
-               "eval/sampled_accuracy": r.sampled, f"eval/pass@{k}": r.pass_at_k}
+               "eval/sampled_accuracy": r.sampled, f"eval/pass@{samples}": r.pass_at_k}
         if shuffled is not None:
             out.update({"eval/accuracy_shuffled_images": shuffled, "eval/image_reliance": r.accuracy - shuffled})
         return {k: v for k, v in out.items() if v is not None}

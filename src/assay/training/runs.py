@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,26 @@ from pydantic import ValidationError
 from assay.config import RunConfig, apply_override, explain
 from assay.errors import AssayError
 from assay.training.checkpoint import latest_checkpoint, load_state
+
+
+@dataclass
+class RunResult:
+    """What a run left: its folder and its final figures (`Trainer.summary`)."""
+
+    run_dir: Path
+    final: dict[str, Any]
+
+    @property
+    def model(self) -> Path:
+        """The trained model, a Hugging Face folder (`final/`)."""
+        return self.run_dir / "final"
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of `metrics.jsonl`, one per logged step."""
+        from assay.report.metrics import read_metrics
+
+        return read_metrics(self.run_dir / "metrics.jsonl")
+
 
 RUN_FILE = "run.json"
 
