@@ -133,8 +133,7 @@ def _train_on_ray(cfg, folder, resume: bool, progress: bool | None) -> "RunResul
     from assay.cluster import connect, shutdown
     from assay.cluster.learners import run_learners
     from assay.training.rl import Trainer
-    from assay.training.runs import RunResult
-    from assay.training.runs import new_run_dir
+    from assay.training.runs import RunResult, new_run_dir
 
     started = connect(cfg.cluster)
     try:

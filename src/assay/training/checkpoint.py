@@ -143,6 +143,11 @@ def load_weights(model, folder: Path) -> None:
                          f"{(missing or ['-'])[0]!r}; {len(result.unexpected_keys)} unexpected, e.g. {(result.unexpected_keys or ['-'])[0]!r})")
 
 
+def extra_stem(extra: str) -> str:
+    """The checkpoint file stem of an extra's weights, beside the policy's (the critic keeps its old name)."""
+    return "critic" if extra == "values" else f"extra-{extra}"
+
+
 def load_tensors(folder: Path, stem: str) -> dict[str, torch.Tensor]:
     """Weights saved with `save_checkpoint(..., tensors={stem: ...})`."""
     from safetensors.torch import load_file

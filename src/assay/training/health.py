@@ -20,15 +20,18 @@ Three conditions are watched after every step:
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from assay.data.selection import scored_rewards
 from assay.errors import AssayError
+from assay.training.hacking import repetition
 from assay.types import RewardResult, Trajectory
 from assay.vision.inputs import jsonable
 
-__all__ = ["HealthGates", "RunCannotLearn", "sample_rows"]
+__all__ = ["HealthGates", "RunCannotLearn", "rollout_metrics", "sample_rows"]
 
 
 #: the share of a step's completions cut off at the length limit from which the run warns (once)
@@ -126,6 +129,20 @@ def _clip(text: object, n: int = 60) -> str:
 def folded(text: str) -> str:
     """`text` with each run of four or more copies of one special token written once with its count (`<image>×36`)."""
     return re.sub(r"(<[^<>\s]{1,40}>)\1{3,}", lambda m: f"{m.group(1)}×{len(m.group(0)) // len(m.group(1))}", text)
+
+
+def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
+    """Sampled accuracy (when the reward's scores are verdicts) and completion lengths of every generated completion
+    (reward statistics come from `reward_health`)."""
+    scored = scored_rewards([r.score for r in results])
+    lengths = [len(t.completion_ids) for t in trajs]
+    accuracy = {"train/accuracy": sum(x >= 1.0 for x in scored) / len(scored) if scored else math.nan} if verdicts else {}
+    return {
+        **accuracy,
+        "rollout/response_length": sum(lengths) / len(lengths),
+        "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
+        "rollout/repetition": sum(repetition(t.completion_ids) for t in trajs) / len(trajs),
+    }
 
 
 def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4, tokenizer=None) -> list[dict]:

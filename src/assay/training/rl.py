@@ -16,7 +16,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,15 @@ from assay.rollout.multiturn import counting_off, episode_sampler
 from assay.training.checks import check_group_size, check_plugins  # noqa: F401  (check_group_size: re-exported)
 from assay.training.async_rollouts import AsyncHealth, AsyncRollouts, load_versions
 from assay.training.dist import NullSink, Ranks, load_sharded
-from assay.training.checkpoint import (STATE_FILE, clean_leftovers, latest_checkpoint, load_state, load_tensors, load_weights, prune_checkpoints, rng_state,
+from assay.training.checkpoint import (STATE_FILE, clean_leftovers, extra_stem, latest_checkpoint, load_state, load_tensors, load_weights, prune_checkpoints, rng_state,
                                     save_checkpoint, set_rng_state)
 from assay.algos import mismatch_correction, requirements
-from assay.data.selection import DynamicFilter, scored_rewards
+from assay.data.selection import DynamicFilter
 from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
-from assay.training.hacking import HackingAlarm, Watch, repetition
-from assay.training.health import HealthGates, RunCannotLearn, sample_rows
+from assay.training.hacking import HackingAlarm, Watch
+from assay.training.health import HealthGates, RunCannotLearn, rollout_metrics, sample_rows
 from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows,
                                      takes_forward_process, token_logprobs)
@@ -59,25 +58,6 @@ from assay.training.interrupt import Preempted, StopSignals
 from assay.training.progress import RunProgress
 from assay.training.runs import RUN_FILE, RunResult, check_same_run, new_run_dir, read_record, run_record, write_config
 from assay.vision.inputs import has_images, shuffle_pictures
-
-
-def _stem(extra: str) -> str:
-    """The checkpoint file stem of an extra's weights (the critic keeps its old name)."""
-    return "critic" if extra == "values" else f"extra-{extra}"
-
-
-def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
-    """Sampled accuracy (when the reward's scores are verdicts) and completion lengths of every generated completion
-    (reward statistics come from `reward_health`)."""
-    scored = scored_rewards([r.score for r in results])
-    lengths = [len(t.completion_ids) for t in trajs]
-    accuracy = {"train/accuracy": sum(x >= 1.0 for x in scored) / len(scored) if scored else math.nan} if verdicts else {}
-    return {
-        **accuracy,
-        "rollout/response_length": sum(lengths) / len(lengths),
-        "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
-        "rollout/repetition": sum(repetition(t.completion_ids) for t in trajs) / len(trajs),
-    }
 
 
 class Trainer:
@@ -215,7 +195,7 @@ class Trainer:
         for name, extra in self.extras.items():
             if extra.load_shards(ckpt):
                 continue
-            weights = load_tensors(ckpt, _stem(name)) if (ckpt / f"{_stem(name)}.safetensors").is_file() else None
+            weights = load_tensors(ckpt, extra_stem(name)) if (ckpt / f"{extra_stem(name)}.safetensors").is_file() else None
             extra.load(weights, saved.get(name))
 
     def _state(self) -> dict[str, Any]:
@@ -241,7 +221,7 @@ class Trainer:
 
     def save(self) -> Path:
         """A checkpoint of the current (finished) step; the oldest beyond `train.keep_checkpoints` go."""
-        tensors = {_stem(n): t for n, e in self.extras.items() if (t := e.tensors()) is not None}
+        tensors = {extra_stem(n): t for n, e in self.extras.items() if (t := e.tensors()) is not None}
         if self.async_ is not None:  # the older weights that batches still to be generated sample with
             tensors.update(self.async_.version_tensors(self.step))
         record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)

@@ -46,12 +46,12 @@ from assay.errors import AssayError
 from assay.models import save_tokenizer
 from assay.models.llama import supported
 from assay.models.lora import load_adapter
-from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, latest_checkpoint, load_state, prune_checkpoints,
+from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, extra_stem, latest_checkpoint, load_state, prune_checkpoints,
                                        rng_state)
 from assay.training.dist import (Ranks, full_state, full_weights, load_full_state, load_sharded, named_optimizer_state, save_sharded, shard,
                                  weighted_mean)
 from assay.training.learner import accumulate_step, policy_step
-from assay.training.rl import Trainer, _stem
+from assay.training.rl import Trainer
 from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record
 
 
@@ -225,7 +225,7 @@ class ShardedTrainer(Trainer):
             save_tokenizer(self.tokenizer, tmp)
             for name, extra in self.extras.items():
                 if (t := extra.tensors()) is not None:
-                    save_file({k: v.detach().cpu().contiguous() for k, v in t.items()}, tmp / f"{_stem(name)}.safetensors")
+                    save_file({k: v.detach().cpu().contiguous() for k, v in t.items()}, tmp / f"{extra_stem(name)}.safetensors")
             (tmp / RUN_FILE).write_text(json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1))
             (tmp / "ranks.json").write_text(json.dumps({"world_size": self.ranks.world}))
             torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete
