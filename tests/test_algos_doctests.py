@@ -8,7 +8,7 @@ import pytest
 MODULES = [
     "assay.algos.advantages", "assay.algos.credit", "assay.algos.kl", "assay.algos.losses",
     "assay.algos.correction", "assay.algos.entropy", "assay.algos.turns", "assay.training.extras", "assay.data.selection", "assay.algos.args", "assay.workers",
-    "assay.rewards.executor", "assay.rewards.monitors", "assay.rewards.steps", "assay.training.hacking", "assay.registry",
+    "assay.rewards.executor", "assay.rewards.monitors", "assay.rewards.steps", "assay.training.hacking", "assay.registry", "assay.training.old_policy",
 ]
 
 

@@ -323,3 +323,46 @@ def test_an_nft_run_takes_several_steps_a_batch_and_resumes_bit_for_bit(tmp_path
     assert len(rows) == 2 and all(r["actor/fm_error"] > 0 and 0 < r["actor/r_mean"] < 1 and r["actor/grad_norm"] > 0 for r in rows)
     wf, wc = weights(full / "final"), weights(cut / "final")
     assert all(wf[k].equal(wc[k]) for k in wf)
+
+
+def test_an_old_ema_rollout_policy_trails_the_trained_one_and_resumes_bit_for_bit(tmp_path):
+    """`algo.old_ema` (DiffusionNFT's soft update): the saved rollout policy is d·old + (1 − d)·θ after each step, computed
+    here from the checkpoints' own weights; a run cut after its first step and resumed ends on the same weights, rollout
+    policy included; without it the same run trains to other weights."""
+    from _train_helpers import weights
+    from safetensors.torch import load_file
+
+    from assay.models import resolve_model_path
+    from assay.report.metrics import read_metrics
+    from assay.training.old_policy import STEM
+    from assay.training.rl import Trainer
+
+    more = ("algo.loss=nft", "algo.minibatches=2", "train.eval_every=0", "algo.old_ema=0.5", "algo.old_ema_rate=null")
+    full = Trainer(_image_cfg(tmp_path, "full", 2, *more)).fit(progress=False).run_dir
+    cut = Trainer(_image_cfg(tmp_path, "cut", 1, *more)).fit(progress=False).run_dir
+    Trainer(_image_cfg(tmp_path, "cut", 2, *more), run_dir=cut, resume=True).fit(progress=False)
+    plain = Trainer(_image_cfg(tmp_path, "plain", 2, *more[:3])).fit(progress=False).run_dir
+
+    start = weights(resolve_model_path("tiny-shapes"))
+    ck = [full / "checkpoints" / f"step_{s:06d}" for s in (1, 2)]
+    theta = [weights(c) for c in ck]
+    old = [load_file(c / f"{STEM}.safetensors") for c in ck]
+    assert old[0].keys() == start.keys()
+    for k in start:
+        assert torch.allclose(old[0][k], 0.5 * start[k] + 0.5 * theta[0][k], atol=1e-6)
+        assert torch.allclose(old[1][k], 0.5 * old[0][k] + 0.5 * theta[1][k], atol=1e-6)
+    assert any(not torch.equal(old[1][k], theta[1][k]) for k in start)
+    assert [r["actor/old_ema"] for r in read_metrics(full / "metrics.jsonl") if "actor/loss" in r] == [0.5, 0.5]
+    wf, wc, wp = weights(full / "final"), weights(cut / "final"), weights(plain / "final")
+    assert all(wf[k].equal(wc[k]) for k in wf) and any(not wf[k].equal(wp[k]) for k in wf)
+    resumed = load_file(cut / "checkpoints" / "step_000002" / f"{STEM}.safetensors")
+    assert all(resumed[k].equal(old[1][k]) for k in start)
+
+
+def test_old_ema_is_refused_where_another_process_or_thread_samples(tmp_path):
+    from assay.errors import AssayError
+
+    with pytest.raises(AssayError, match="algo.old_ema=0.5.*max_staleness"):
+        _image_cfg(tmp_path, "x", 1, "algo.old_ema=0.5", "rollout.max_staleness=1")
+    with pytest.raises(AssayError, match="old_ema"):
+        _image_cfg(tmp_path, "x", 1, "algo.old_ema=1.0")

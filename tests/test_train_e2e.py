@@ -162,3 +162,20 @@ def test_assays_forward_trains_like_the_models_own(tiny_model_dir, tmp_path):
         runs[name] = trainer.fit(progress=False).run_dir
     assert_learned(runs["plain"], tiny_model_dir)
     assert_same_update(update_of(runs["fast"], tiny_model_dir), update_of(runs["plain"], tiny_model_dir))
+
+
+def test_an_old_ema_rollout_policy_samples_a_text_run(tiny_model_dir, tmp_path):
+    """With `algo.old_ema` the completions come from the trailing policy: the update's first forward agrees with the
+    sampler's logprobs at step 0 (both are the starting weights) and not after, where the loop without it agrees at
+    every step; with d = 0 throughout (`old_ema_after` past the run) the run is the plain one, step for step."""
+    ema = Trainer(run_cfg(tiny_model_dir, tmp_path, "ema", "algo.old_ema=0.5", "algo.old_ema_rate=null")).fit(progress=False).run_dir
+    plain = Trainer(run_cfg(tiny_model_dir, tmp_path, "plain")).fit(progress=False).run_dir
+    diff = {name: [r["actor/logprob_diff"] for r in steps_of(d).values()] for name, d in (("ema", ema), ("plain", plain))}
+    assert diff["ema"][0] < 1e-5 and min(diff["ema"][1:]) > 1e-4 and max(diff["plain"]) < 1e-5, diff
+    assert [r["actor/old_ema"] for r in steps_of(ema).values()] == [0.5] * 3
+    assert_learned(ema, tiny_model_dir)
+    late = Trainer(run_cfg(tiny_model_dir, tmp_path, "late", "algo.old_ema=0.5", "algo.old_ema_after=10")).fit(progress=False).run_dir
+    same = lambda d: {s: {k: v for k, v in r.items() if k != "actor/old_ema"} for s, r in steps_of(d).items()}
+    assert same(late) == same(plain)  # d = 0 throughout: the copy samples exactly what the trained policy would
+    assert weights(late / "final").keys() == weights(plain / "final").keys()
+    assert all(weights(late / "final")[k].equal(v) for k, v in weights(plain / "final").items())

@@ -191,6 +191,18 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _old_ema_in_process(self) -> "RunConfig":
+        if self.algo.old_ema == 0:
+            return self
+        why = ("rollout.max_staleness > 0 (an asynchronous run's producer has its own older policy)" if self.rollout.max_staleness
+               else f"rollout.backend={self.rollout.backend} (an engine holds its own weights)" if self.rollout.backend not in ("torch", "image")
+               else "cluster.rollout_workers (Ray actors hold their own weights)" if self.cluster.ray and self.cluster.rollout_workers else None)
+        if why is not None:
+            raise ValueError(f"invalid config value algo.old_ema={self.algo.old_ema!r}: the moving-average rollout policy must sample "
+                             f"in this process, and with {why} it does not; set algo.old_ema=0 or change that")
+        return self
+
+    @model_validator(mode="after")
     def _env_without_gold(self) -> "RunConfig":
         if self.env is not None and self.selection.inject_gold:
             raise ValueError("invalid config value selection.inject_gold=True: a reference solution is one completion, "

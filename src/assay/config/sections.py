@@ -219,6 +219,17 @@ class AlgoConfig(Section):
     """mis only: tokens whose weight is below this are masked too."""
     mismatch_level: Literal["token", "sequence"] = "token"
     """One weight per token, or one per response (the product of its token ratios)."""
+    old_ema: float = Field(0.0, ge=0.0, lt=1.0)
+    """The rollout ("old") policy trails the trained one as a moving average, θ_old ← d·θ_old + (1 − d)·θ after each
+    step, d rising to this (DiffusionNFT's soft update of the sampling policy; docs/images.md). It samples the batches
+    and gives the loss π_old (a text policy's logprobs, a picture generator's v_old); evaluation and the saved weights
+    are the trained policy. 0: the rollout policy is the trained one (the loop without it). Runs in one process, with
+    the in-process samplers and no `rollout.max_staleness`."""
+    old_ema_rate: float | None = Field(0.001, gt=0.0)
+    """How much d rises a step (DiffusionNFT: 0.001 up to 0.5, or 0.0075 after 75 steps up to 0.999); null: d is
+    `old_ema` from the first step."""
+    old_ema_after: int = Field(0, ge=0)
+    """Steps with d = 0 before it starts to rise."""
 
     @model_validator(mode="after")
     def _floor_below_cap(self) -> "AlgoConfig":
