@@ -177,5 +177,5 @@ def test_an_old_ema_rollout_policy_samples_a_text_run(tiny_model_dir, tmp_path):
     late = Trainer(run_cfg(tiny_model_dir, tmp_path, "late", "algo.old_ema=0.5", "algo.old_ema_after=10")).fit(progress=False).run_dir
     same = lambda d: {s: {k: v for k, v in r.items() if k != "actor/old_ema"} for s, r in steps_of(d).items()}
     assert same(late) == same(plain)  # d = 0 throughout: the copy samples exactly what the trained policy would
-    assert weights(late / "final").keys() == weights(plain / "final").keys()
-    assert all(weights(late / "final")[k].equal(v) for k, v in weights(plain / "final").items())
+    w_late, w_plain = weights(late / "final"), weights(plain / "final")
+    assert w_late.keys() == w_plain.keys() and all(w_late[k].equal(v) for k, v in w_plain.items())

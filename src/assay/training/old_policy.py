@@ -14,11 +14,13 @@ The moving average is kept in fp32 beside the copy (a bf16 copy could not take s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from assay.errors import AssayError
+from assay.training.checkpoint import load_tensors
 
 #: the checkpoint file stem of the old policy's weights
 STEM = "old-policy"
@@ -42,7 +44,8 @@ class OldPolicy:
     """A copy of the trained policy that samples the batches, trailing it by a moving average.
 
     Args:
-        trainer: the run (`assay.training.rl.Trainer`), its policy placed where it trains.
+        trainer: the run (`assay.training.rl.Trainer`), its policy placed where it trains; from now on its rollouts are
+            drawn with this copy's sampler (`trainer.rollout_model`, `trainer.rollout_sampler`).
     """
 
     def __init__(self, trainer: Any):
@@ -57,6 +60,7 @@ class OldPolicy:
         self.names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
         self.params = {n: mine[n] for n in self.names}  # the copy's own tensors (the frozen ones are shared)
         self.ema = {n: p.detach().float().clone() for n, p in self.params.items()}
+        trainer.rollout_model, trainer.rollout_sampler = self.model, self.sampler
 
     @torch.no_grad()
     def after_update(self, trained: torch.nn.Module, step: int) -> dict[str, float]:
@@ -69,13 +73,16 @@ class OldPolicy:
         self.sampler.update_weights(self.model, step + 1)
         return {"actor/old_ema": d}
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The moving average, device-free, for a checkpoint."""
-        return {n: t.detach().cpu() for n, t in self.ema.items()}
+    def tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The moving average, device-free, under its file stem: what a checkpoint saves (`save_checkpoint`'s `tensors`)."""
+        return {STEM: {n: t.detach().cpu() for n, t in self.ema.items()}}
 
     @torch.no_grad()
-    def load(self, tensors: dict[str, torch.Tensor], step: int) -> None:
-        """Put back the moving average a checkpoint saved (`tensors`), as of `step`."""
+    def load(self, ckpt: Path, step: int) -> None:
+        """Put back the moving average the checkpoint folder `ckpt` saved, as of `step`."""
+        if not (ckpt / f"{STEM}.safetensors").is_file():
+            raise AssayError(f"--resume: {ckpt} has no {STEM}.safetensors, the rollout policy of algo.old_ema")
+        tensors = load_tensors(ckpt, STEM)
         missing = sorted(set(self.names) - set(tensors))
         if missing:
             raise AssayError(f"the checkpoint's {STEM}.safetensors lacks {len(missing)} of the policy's weights ({missing[0]}, ...): "

@@ -55,7 +55,7 @@ from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows,
                                      takes_forward_process, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
-from assay.training.old_policy import STEM as OLD_STEM, OldPolicy
+from assay.training.old_policy import OldPolicy
 from assay.training.progress import RunProgress
 from assay.training.runs import RUN_FILE, RunResult, check_same_run, new_run_dir, read_record, run_record, write_config
 from assay.vision.inputs import has_images, shuffle_pictures
@@ -119,9 +119,7 @@ class Trainer:
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
         self.generator = torch.Generator(device="cpu").manual_seed(self._stream_seed())  # a sampler on a device seeds its own from it
         self._place()  # before the optimizer: a sharded policy's optimizer steps its shards
-        self.old = OldPolicy(self) if cfg.algo.old_ema else None  # a rollout policy that trails the trained one
-        if self.old is not None:
-            self.rollout_model, self.rollout_sampler = self.old.model, self.old.sampler
+        self.old = OldPolicy(self) if cfg.algo.old_ema else None  # a rollout policy that trails the trained one, sampling from now on
         fused = cfg.optim.fused and self.device.type in ("cpu", "cuda")
         self.weights = MasterWeights(self.model.parameters(), lambda ps: torch.optim.AdamW(
             ps, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay, fused=fused))  # fp32 masters for a bf16 policy
@@ -229,7 +227,7 @@ class Trainer:
         if self.async_ is not None:  # the older weights that batches still to be generated sample with
             tensors.update(self.async_.version_tensors(self.step))
         if self.old is not None:
-            tensors[OLD_STEM] = self.old.tensors()
+            tensors.update(self.old.tensors())
         record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
         self.sink.sync()
         self.samples.sync()
@@ -264,9 +262,7 @@ class Trainer:
         self._restore({"data": state["data"], "selection": state.get("selection", state.get("sampling")), "rng": state["rng"]})
         self._load_extras(ckpt, state)
         if self.old is not None:
-            if not (ckpt / f"{OLD_STEM}.safetensors").is_file():
-                raise AssayError(f"--resume: {ckpt} has no {OLD_STEM}.safetensors, the rollout policy of algo.old_ema")
-            self.old.load(load_tensors(ckpt, OLD_STEM), state["step"])
+            self.old.load(ckpt, state["step"])
         if state.get("health") is not None:
             self.health.load_state_dict(state["health"])
         if state.get("async_health") is not None:
@@ -320,8 +316,7 @@ class Trainer:
             batch, mismatch = self._correct_mismatch(batch, advantages)
             metrics.update(mismatch)
         if takes_forward_process(cfg.algo):  # DiffusionNFT: the noisings and the rollout policy's velocities, before any step
-            rollout_policy = self.model if self.old is None else self.old.model
-            batch = dataclasses.replace(batch, draws=rollout_policy.draw_noisings(batch, self.generator))
+            batch = dataclasses.replace(batch, draws=(self.model if self.old is None else self.old.model).draw_noisings(batch, self.generator))
         self.sampler.sleep()  # an engine on a GPU lets go of its memory during the update; update_weights wakes it
         metrics.update(self._update(batch, advantages))
         self.sampler.update_weights(self.model, self.step + 1)
