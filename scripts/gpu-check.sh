@@ -14,9 +14,12 @@
 #      roofline), GRPO steps against TRL (s/step), peak device memory.
 #
 # Without a CUDA device it runs the same steps on the CPU (tests with ASSAY_TEST_DEVICE=cpu,
-# tiny benchmark shapes): the check of the script itself. Results go to $OUT when it is set.
+# tiny benchmark shapes) in .venv: the check of the script itself. ASSAY_GPU_CHECK_INSTALL=1 makes
+# it install as on a GPU machine first (step 1, into a venv over $PYTHON's packages), which is how
+# the offline install and the wheel list are checked where no GPU is lent. Results go to $OUT.
 #
 #   scripts/gpu-check.sh               # everything, within ASSAY_GPU_CHECK_LIMIT seconds (default 480)
+#   ASSAY_GPU_CHECK_INSTALL=1 PYTHON=/path/to/base/python scripts/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +30,12 @@ left() { echo $((LIMIT - SECONDS)); }
 say() { echo "gpu-check [$((SECONDS))s]: $*"; }
 status=0
 
+CUDA=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   nvidia-smi -L
-  DEVICE=cuda
+  CUDA=1
+fi
+if [ "$CUDA" = 1 ] || [ "${ASSAY_GPU_CHECK_INSTALL:-0}" = 1 ]; then
   BASE=${PYTHON:-python3}
   torch_before=$("$BASE" -c 'import torch; print(torch.__version__)')
   VENV=/tmp/assay-gpu-venv
@@ -40,8 +46,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   "$BASE" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site_dir/_assay_base_python.pth"
   PY=$VENV/bin/python
   PIP=("$PY" -m pip --disable-pip-version-check install --no-index --find-links .whl)
+  WANT=(-e ".[image]" trl==1.16.0 pytest)  # assay with the image policies' UNet, TRL for the benchmark, pytest for the tests
   # would installing assay replace this machine's torch? pip's own plan says
-  "${PIP[@]}" -q --dry-run --report "$OUT/pip-plan.json" -e . trl==1.16.0 >"$OUT/pip.log" 2>&1
+  "${PIP[@]}" -q --dry-run --report "$OUT/pip-plan.json" "${WANT[@]}" >"$OUT/pip.log" 2>&1
   "$PY" - "$OUT/pip-plan.json" <<'PY' || status=1
 import json, sys
 try:
@@ -52,7 +59,7 @@ names = sorted(i["metadata"]["name"] for i in plan["install"])
 print("gpu-check: pip install -e . would install:", ", ".join(names))
 sys.exit(1 if any(n.lower() == "torch" for n in names) else 0)
 PY
-  if "${PIP[@]}" -q -e . trl==1.16.0 >>"$OUT/pip.log" 2>&1; then
+  if "${PIP[@]}" -q "${WANT[@]}" >>"$OUT/pip.log" 2>&1; then
     say "pip install -e . (offline, from .whl): ok; torch $torch_before before, $("$PY" -c 'import torch; print(torch.__version__)') after"
   else
     say "pip install -e . with its requirements failed offline (tail of $OUT/pip.log below); installing without them"
@@ -61,11 +68,15 @@ PY
   fi
   torch_after=$("$PY" -c 'import torch; print(torch.__version__)')
   [ "$torch_before" = "$torch_after" ] || { say "FAILED: installing assay replaced torch ($torch_before -> $torch_after)"; status=1; }
+else
+  PY=${PYTHON:-.venv/bin/python}
+fi
+if [ "$CUDA" = 1 ]; then
+  DEVICE=cuda
   BENCH=()
 else
   say "no CUDA device: the same steps on the CPU, at tiny shapes"
   DEVICE=cpu
-  PY=${PYTHON:-.venv/bin/python}
   export ASSAY_TEST_DEVICE=cpu
   BENCH=(--tiny)
 fi

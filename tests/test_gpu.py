@@ -1,4 +1,5 @@
-"""Every path on a CUDA device: sampling, training steps and resume, evaluation, reward models, pre-training.
+"""Every path on a CUDA device: sampling, training steps and resume, evaluation, reward models, preference optimisation,
+pre-training.
 
 Marked `gpu` and skipped without CUDA; `scripts/gpu-check.sh` runs them on a GPU machine
 (`pytest -m gpu`). `ASSAY_TEST_DEVICE=cpu pytest -m gpu` runs the same tests on the CPU, which
@@ -132,6 +133,11 @@ def _cfg(tmp, name, *extra):
     ])
 
 
+#: held-out evaluation at the start and the end, where a path evaluates its own way
+EVAL = "train.eval_every=2"
+#: the bundled picture generator at a few sampling steps (docs/images.md)
+IMAGE = ["model.path=tiny-shapes", "data.task=shapes", "image.steps=4", "image.eval_steps=4", "image.train_steps=3", "optim.lr=1e-4"]
+
 PATHS = {
     "grpo": [LEARNING_SIGNAL],
     "critic": [LEARNING_SIGNAL, "algo.advantage=gae"],
@@ -146,6 +152,11 @@ PATHS = {
     "activation-checkpointing": [LEARNING_SIGNAL, "train.activation_checkpointing=true"],
     "lora": [LEARNING_SIGNAL, "model.lora={r: 8, alpha: 16}", "rollout.prompts_per_step=8"],  # B = 0 at first: the policy barely moves,
     # and 4 groups of the tiny model's near-identical completions are often all scored alike
+    "online-dpo": [LEARNING_SIGNAL, "algo.objective=dpo", "preference.pairs=best_worst", "preference.reference=round", "rollout.prompts_per_step=8"],
+    "async": [LEARNING_SIGNAL, "rollout.max_staleness=1", "rollout.prompts_per_step=8"],  # a producer thread samples beside the learner
+    "vision": [LEARNING_SIGNAL, "model.path=tiny-count", "data.task=visual_count", "rollout.max_new_tokens=3", EVAL],  # + image reliance
+    "image-flow-grpo": [*IMAGE, EVAL],  # + held-out pictures  # the checker's reward (the random one is drawn per completion text, which a picture has none of)
+    "image-nft-old-ema": [*IMAGE, "algo.loss=nft", "algo.minibatches=2", "algo.old_ema=0.5", "algo.old_ema_rate=null"],
 }
 
 
@@ -165,23 +176,37 @@ def _steps(run_dir: Path) -> dict[int, dict]:
 def test_a_step_and_a_resume(tmp_path, monkeypatch, path):
     if path == "lora":
         pytest.importorskip("peft")
+    if path.startswith("image"):
+        pytest.importorskip("diffusers")
     extra = PATHS[path]
     full = Trainer(_cfg(tmp_path, "full", *extra)).fit(progress=False).run_dir
-    real = Trainer._rollout
-    calls = {"n": 0}
+    if path == "async":  # Ctrl-C while the learner waits for the second step's batch from the producer thread
+        from assay.training.async_rollouts import AsyncRollouts
 
-    def stop_in_second(self):  # Ctrl-C after the second step's rollouts
-        out = real(self)
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return out
+        owner, name = AsyncRollouts, "take"
+        real = AsyncRollouts.take
 
-    monkeypatch.setattr(Trainer, "_rollout", stop_in_second)
+        def stop(self, step):
+            if step == 1:
+                raise KeyboardInterrupt
+            return real(self, step)
+    else:  # Ctrl-C after the second step's rollouts
+        owner, name = Trainer, "_rollout"
+        real = Trainer._rollout
+        calls = {"n": 0}
+
+        def stop(self):
+            out = real(self)
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise KeyboardInterrupt
+            return out
+
+    monkeypatch.setattr(owner, name, stop)
     cut = Trainer(_cfg(tmp_path, "cut", *extra))
     with pytest.raises(KeyboardInterrupt):
         cut.fit(progress=False)
-    monkeypatch.setattr(Trainer, "_rollout", real)
+    monkeypatch.setattr(owner, name, real)
     assert sorted(_steps(cut.run_dir)) == [1]
     resumed = Trainer(_cfg(tmp_path, "cut", *extra), run_dir=cut.run_dir, resume=True)
     assert resumed.step == 1 and next(resumed.model.parameters()).device.type == torch.device(DEVICE).type
@@ -190,8 +215,10 @@ def test_a_step_and_a_resume(tmp_path, monkeypatch, path):
     assert sorted(b) == [1, 2]
     step1 = [_trained(run / "checkpoints" / "step_000001") for run in (full, cut.run_dir)]
     if all(torch.equal(step1[0][k], step1[1][k]) for k in step1[0]):  # the same weights after step 1: the same step-2 rollouts
-        assert b[2]["rollout/tokens"] == a[2]["rollout/tokens"] and b[2]["reward/mean"] == a[2]["reward/mean"]
+        assert b[2].get("rollout/tokens") == a[2].get("rollout/tokens") and b[2]["reward/mean"] == a[2]["reward/mean"]
     assert all(r["actor/grad_norm"] > 0 and r["actor/grad_norm"] == r["actor/grad_norm"] for r in (*a.values(), *b.values()))
+    if EVAL in extra:
+        assert [r["step"] for r in read_metrics(full / "metrics.jsonl") if "eval/accuracy" in r] == [0, 2]
     wa, wb = _trained(full / "final"), _trained(cut.run_dir / "final")
     dtype = wa[next(iter(wa))].dtype
     assert dtype == (torch.bfloat16 if path == "bfloat16" else torch.float32)
@@ -282,6 +309,65 @@ def test_process_reward_labels_training_and_scoring(tmp_path):
     reward = build_reward({"name": "prm", "args": {"path": str(run.run_dir), "device": DEVICE}})
     result = reward([Trajectory(Sample("1", "12+34=", "46"), "46", [], [], [], True)])[0]
     assert result.score is not None and result.steps
+
+
+def test_an_image_reward_model_trains_resumes_and_scores_pictures_on_the_device(tmp_path):
+    pytest.importorskip("diffusers")
+    import json
+    import random
+
+    from assay.images.scorer import to_data_uri
+    from assay.images.shapes import draw
+    from assay.rewards.spec import build_reward
+    from assay.rm.config import load_rm_config
+    from assay.rm.train import train_rm
+    from assay.types import Sample, Trajectory
+
+    rng = random.Random(0)
+    rows = [{"id": str(i), "prompt": f"{k} blue", "chosen": to_data_uri(draw({"blue": k}, rng)), "rejected": to_data_uri(draw({"blue": k + 1}, rng))}
+            for i, k in enumerate([1, 2, 3] * 8)]
+    data = tmp_path / "pictures.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["kind=image", "model=tiny-shapes", f"data.path={data}", f"output_dir={tmp_path}", f"device={DEVICE}", "train.threads=1",
+            "train.batch_size=8", "train.eval_every=2", "train.save_every=2", "data.eval_fraction=0.25", "optim.warmup_steps=0"]
+    whole = train_rm(load_rm_config(None, [*args, "run_name=whole", "train.steps=4"]))
+    train_rm(load_rm_config(None, [*args, "run_name=cut", "train.steps=2"]))
+    resumed = train_rm(resume=tmp_path / "cut", overrides=["train.steps=4"])
+    a, b = read_metrics(whole.run_dir / "metrics.jsonl"), read_metrics(resumed.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] and any("eval/pair_accuracy" in r for r in a)
+    reward = build_reward({"name": "rm", "args": {"path": str(whole.run_dir), "device": DEVICE}})
+    trajs = [Trajectory(Sample(str(k), "2 blue", "2 blue"), "<image>", [], [0], [0.0], True, info={"image": draw({"blue": k}, random.Random(5))})
+             for k in (2, 3)]
+    assert all(r.score is not None and r.score == r.score for r in reward(trajs))
+
+
+# ---------------------------------------------------------------- preference optimisation
+
+
+def test_pairs_sampled_on_the_device_train_dpo_and_resume(tmp_path):
+    import json
+
+    from assay.models import resolve_model_path
+    from assay.po.config import load_po_config
+    from assay.po.pairs import sample_pairs
+    from assay.po.train import train_po
+
+    rows, counts = sample_pairs("tiny-arith", prompts=24, group_size=4, device=DEVICE, seed=0)
+    assert rows and all(r["chosen"] != r["rejected"] for r in rows), counts
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["model=tiny-arith", f"data.path={data}", f"output_dir={tmp_path}", f"device={DEVICE}", "train.threads=1", "train.batch_size=4",
+            "train.eval_every=2", "train.save_every=2", "data.eval_fraction=0.25", "optim.warmup_steps=0"]
+    whole = train_po(load_po_config(None, [*args, "run_name=whole", "train.steps=4"]))
+    train_po(load_po_config(None, [*args, "run_name=cut", "train.steps=2"]))
+    resumed = train_po(resume=tmp_path / "cut", overrides=["train.steps=4"])
+    a, b = read_metrics(whole.run_dir / "metrics.jsonl"), read_metrics(resumed.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    losses = [r["po/loss"] for r in a if "po/loss" in r]
+    assert len(losses) == 4 and all(x == x for x in losses)
+    wa, wb, w0 = weights(whole.model_dir), weights(resumed.model_dir), weights(resolve_model_path("tiny-arith"))
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], rtol=1e-2, atol=1e-3) for k in wa)
+    assert any(not torch.equal(wa[k], w0[k]) for k in wa)
 
 
 # ---------------------------------------------------------------- serving a model
