@@ -55,10 +55,15 @@ def test_staleness_zero_through_the_producer_is_the_synchronous_trainer(tiny_mod
     assert_learned(sync, tiny_model_dir)
 
 
-def test_an_async_run_is_reproducible_and_trains_on_stale_rollouts(tiny_model_dir, tmp_path):
+def test_an_async_run_is_reproducible_and_trains_on_stale_rollouts(tiny_model_dir, tmp_path, monkeypatch):
     """k = 1 with a fixed seed and thread count: the same metrics and weights twice (which version samples which batch
     does not depend on timing); after the first step every batch is exactly one version old, the loss uses the decoupled
-    correction by default, and the run differs from the synchronous one."""
+    correction by default, and the run differs from the synchronous one. The learner does not empty the device's cache
+    (`sleep`) under a producer that is sampling, as the synchronous trainer does between rollout and update."""
+    from assay.rollout.torch_sampler import TorchSampler
+
+    slept = []
+    monkeypatch.setattr(TorchSampler, "sleep", lambda self: slept.append(self))
     a = Trainer(run_cfg(tiny_model_dir, tmp_path, "a", "rollout.max_staleness=1")).fit(progress=False).run_dir
     b = Trainer(run_cfg(tiny_model_dir, tmp_path, "b", "rollout.max_staleness=1")).fit(progress=False).run_dir
     assert steps_of(a) == steps_of(b) and same_weights(a, b)
@@ -67,7 +72,9 @@ def test_an_async_run_is_reproducible_and_trains_on_stale_rollouts(tiny_model_di
     assert [r["async/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert all("mismatch/corrected_frac" in r and r["async/learner_idle_s"] >= 0 and r["async/queue_depth"] >= 0 for r in rows)
     assert rows[1]["mismatch/ratio_mean"] != 1.0  # the proximal policy (one update newer) is not the behaviour policy
+    assert slept == []
     sync = Trainer(run_cfg(tiny_model_dir, tmp_path, "sync", "algo.mismatch=tis")).fit(progress=False).run_dir
+    assert len(slept) == 5
     assert steps_of(sync)[1] == {k: v for k, v in steps_of(a)[1].items()}  # step 1 is sampled by version 0 either way
     assert steps_of(sync)[3] != steps_of(a)[3]
     assert_learned(a, tiny_model_dir)

@@ -39,6 +39,7 @@ def test_defaults_and_overrides(tmp_path):
         ("selection.retry_frac=2", "invalid config value selection.retry_frac=2"),
         ("selection.max_rounds=0", "invalid config value selection.max_rounds=0"),
         ("selection.dynamc=true", "unknown config key 'selection.dynamc'"),
+        ("cluster={learner_workers: 2, gpus_per_learner: 0.5}", "invalid config value cluster.gpus_per_learner=0.5: with learner_workers=2 each"),
     ],
 )
 def test_bad_overrides_name_key_value_and_allowed(override, needle):

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from assay.devices import check_device, generator_for, to_cpu
+from assay.devices import check_device, generator_for, seeded, to_cpu
 from assay.errors import AssayError
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
@@ -45,6 +45,39 @@ def test_another_device_gets_a_generator_seeded_from_the_runs_stream(monkeypatch
     assert ga.device == torch.device("cuda:0") and ga.seed == gb.seed  # the same seed, the same device stream
     assert torch.equal(a.get_state(), b.get_state())  # and one draw taken from each run stream alike
     assert generator_for(a, "cuda:0").seed != ga.seed  # the next call draws the next seed
+
+
+def test_seeded_draws_from_the_seed_and_leaves_the_global_stream_where_it_was():
+    """What LoRA's and the image scorer's initialisations draw in (they take no generator): the same values for a seed,
+    whatever the run drew before, and the run's own stream goes on as if nothing had been drawn."""
+    torch.manual_seed(5)
+    plain = torch.rand(3, device="cpu")
+    torch.manual_seed(5)
+    with seeded(1):
+        inside = torch.rand(3, device="cpu")
+    after = torch.rand(3, device="cpu")
+    torch.rand(7, device="cpu")
+    with seeded(1):
+        again = torch.rand(3, device="cpu")
+    assert after.equal(plain) and inside.equal(again) and not inside.equal(plain)
+    if torch.cuda.is_available():  # the GPU's global stream too, when the draw is on it
+        torch.cuda.manual_seed(5)
+        first = torch.rand(3, device="cuda")
+        torch.cuda.manual_seed(5)
+        with seeded(1, "cuda"):
+            torch.rand(3, device="cuda")
+        assert torch.rand(3, device="cuda").equal(first)
+
+
+def test_one_gpu_named_for_several_processes_is_one_line_before_any_process_group(monkeypatch):
+    """Under torchrun `cuda` is each rank's own GPU; `cuda:0` would put every rank on one, which NCCL refuses later."""
+    from assay.training.dist import Ranks
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(AssayError, match=r"model.device=cuda:0: with 2 processes each trains on its own GPU \(cuda:LOCAL_RANK\); give model.device=cuda"):
+        Ranks.from_env(torch.device("cuda:0"))
+    assert Ranks(1, 2, 1).device(torch.device("cuda")) == torch.device("cuda:1")
 
 
 def test_to_cpu_walks_containers():

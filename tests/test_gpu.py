@@ -103,6 +103,45 @@ def test_graph_replay_decodes_as_eager_steps(policy):
     assert graphed.cuda_graphs  # the capture worked: no fallback to eager decoding
 
 
+@pytest.mark.skipif(not ON_CUDA or torch.cuda.device_count() < 2, reason="needs a second GPU")
+def test_graph_replay_on_a_gpu_other_than_the_current_one():
+    """A graph recorded for `cuda:1` while `cuda:0` is current holds the step (recorded on that device's stream, not
+    run eagerly beside an empty graph): the same greedy tokens as eager decoding there."""
+    from assay.models import load_policy
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+
+    model, tok = load_policy("tiny-arith", "cuda:1")
+    graphed, eager = TorchSampler(model.eval(), tok, "cuda:1"), TorchSampler(model, tok, "cuda:1", cuda_graphs=False)
+    params = SamplingParams(12, 0.0)
+    assert [t.completion_ids for t in graphed.generate(_prompts(16), 1, params)] == [t.completion_ids for t in eager.generate(_prompts(16), 1, params)]
+    assert graphed.cuda_graphs
+
+
+def test_two_threads_record_and_replay_graphs_at_once(policy):
+    """An asynchronous run decodes in two threads (the producer's batches, the learner's evaluations): recordings in one
+    thread while the other decodes, allocates and records too give each the tokens it decodes alone, and no fallback."""
+    import threading
+
+    from assay.rollout.base import SamplingParams
+    from assay.rollout.torch_sampler import TorchSampler
+
+    model, tok = policy()
+    params = SamplingParams(12, 0.0)
+    alone = [t.completion_ids for t in TorchSampler(model, tok, DEVICE, cuda_graphs=False).generate(_prompts(16), 1, params)]
+    samplers = [TorchSampler(model, tok, DEVICE) for _ in range(2)]
+    got: dict[int, list] = {}
+
+    def decode(i):
+        got[i] = [[t.completion_ids for t in samplers[i].generate(_prompts(16), 1, params)] for _ in range(5)]
+
+    threads = [threading.Thread(target=decode, args=(i,)) for i in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert all(out == alone for i in range(2) for out in got[i])
+    assert all(s.cuda_graphs for s in samplers)
+
+
 @pytest.mark.skipif(not ON_CUDA, reason="compiling on a CPU takes a minute (tests/test_devices.py has it, marked slow)")
 def test_a_compiled_step_decodes_as_the_eager_step(policy):
     from assay.rollout.base import SamplingParams

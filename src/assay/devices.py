@@ -19,6 +19,7 @@ and checked by a lint (`tests/test_device_rule.py`) over the whole package:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -83,3 +84,17 @@ def release_memory(device: torch.device) -> None:
     """Hand cached, unused device memory back (between rollout and update); nothing to do on a CPU."""
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: str | torch.device = "cpu"):
+    """Inside, torch's global random streams of the CPU and of `device` (where it is a GPU) start from `seed`; after, they are
+    as they were. For draws that take no generator, such as a library's weight initialisation; other GPUs' streams are not
+    touched (`torch.manual_seed` would reseed every GPU's and `fork_rng(devices=[])` restore none)."""
+    device = torch.device(device)
+    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        torch.random.default_generator.manual_seed(seed)
+        for i in gpus:
+            torch.cuda.default_generators[i].manual_seed(seed)
+        yield

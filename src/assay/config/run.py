@@ -123,9 +123,17 @@ class ClusterConfig(Section):
     cpus_per_worker: float = Field(1.0, gt=0.0)
     """CPUs Ray reserves for each actor."""
     gpus_per_learner: float = Field(0.0, ge=0.0)
-    """GPUs Ray reserves for each learner actor (one each with `model.device=cuda`)."""
+    """GPUs Ray reserves for each learner actor (one each with `model.device=cuda`; a whole number when there are several)."""
     gpus_per_rollout: float = Field(0.0, ge=0.0)
     """GPUs Ray reserves for each rollout actor."""
+
+    @model_validator(mode="after")
+    def _whole_gpus_per_rank(self) -> "ClusterConfig":
+        g = self.gpus_per_learner
+        if self.learner_workers > 1 and g != int(g):  # a fraction lets Ray pack two ranks onto one GPU, which NCCL refuses
+            raise ValueError(f"invalid config value cluster.gpus_per_learner={g!r}: with learner_workers={self.learner_workers} each rank "
+                             "trains on a GPU of its own; give 0 or a whole number")
+        return self
 
 
 class RunConfig(Section):

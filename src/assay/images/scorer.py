@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from assay.devices import seeded
 from assay.errors import AssayError
 from assay.images.flow import embed_prompt
 
@@ -139,8 +140,7 @@ def build_scorer(policy: str, seed: int = 0, device: str = "cpu") -> tuple[Image
     cfg = ScorerConfig(vocab_size=int(policy_cfg["vocab_size"]), sample_size=int(policy_cfg.get("sample_size", 16)),
                        channels=int(policy_cfg.get("channels", 3)), max_prompt_tokens=int(policy_cfg.get("max_prompt_tokens", 8)),
                        pad_token_id=int(policy_cfg.get("pad_token_id", 0)))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = ImageScorer(cfg)
     return model.to(device), tok
 

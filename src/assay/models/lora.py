@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 import torch
 
+from assay.devices import seeded
 from assay.errors import AssayError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -64,9 +65,8 @@ def apply_lora(model, settings, base: str | None = None, task: str | None = "CAU
     config = peft.LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                              target_modules=settings.target_modules, bias="none", task_type=task)
     try:
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):  # peft draws A from torch's global stream
+        with warnings.catch_warnings(), seeded(seed, next(model.parameters()).device):  # peft draws A from torch's global stream
             warnings.simplefilter("ignore", FutureWarning)  # peft reads a transformers attribute that warns it is deprecated
-            torch.manual_seed(seed)
             wrapped = peft.get_peft_model(model, config)
     except ValueError as e:  # no module matched target_modules, or one peft cannot adapt
         raise AssayError(f"model.lora.target_modules={settings.target_modules!r}: {str(e).splitlines()[0]}") from None

@@ -121,7 +121,7 @@ class PreferenceTrainer(Trainer):
         self._last = (trajs, results)
         t_upd = time.perf_counter()
         groups = split_groups(trajs, results)
-        self.sampler.sleep()
+        self.rest_sampler()
         update, chosen = self._raft(groups) if self.raft else self._preference(groups)
         metrics.update(update)
         metrics.update(self._canary(trajs, chosen))

@@ -29,6 +29,8 @@ On a CPU the same step runs eagerly.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 
 import torch
@@ -219,29 +221,48 @@ def _compiled_forward():
     return _COMPILED
 
 
+#: one recording at a time in a process: the caching allocator's capture bookkeeping is process-wide, and an
+#: asynchronous run decodes in two threads (the producer's batches, the learner's evaluations and greedy baselines)
+_RECORDING = threading.Lock()
+
+
 class CudaGraphStep:
     """A `StaticDecoder` step recorded once as a CUDA graph and replayed for every later token.
 
-    Built after the prefill with the first step's real inputs: two warm-up runs on a side
-    stream (cuBLAS picks its kernels, the allocator settles) and the capture all compute that
-    same first step, so they write exactly what it writes (its keys and values into slot
-    `slot`, which they do not advance). Each call copies the inputs into the graph's own
-    buffers, replays it and advances the slot; the logits it returns live in the graph's
-    output buffer, overwritten by the next call. The batch is fixed: `select` is not allowed.
+    Built after the prefill with the first step's real inputs: two warm-up runs (cuBLAS picks
+    its kernels, the allocator settles) and the capture all compute that same first step, so
+    they write exactly what it writes (its keys and values into slot `slot`, which they do not
+    advance). Each call copies the inputs into the graph's own buffers, replays it and advances
+    the slot; the logits it returns live in the graph's output buffer, overwritten by the next
+    call. The batch is fixed: `select` is not allowed.
+
+    Recorded on a stream of its own on the tensors' device (not `torch.cuda.graph`'s one shared
+    stream, made on whichever device is current: on `cuda:1` the kernels would run eagerly on that
+    device's default stream and leave an empty graph), one recording at a time, in thread-local
+    capture mode, so another thread's allocations and synchronisations meanwhile are not refused;
+    and without `torch.cuda.graph`'s device-wide synchronise and cache emptying on entry.
     """
 
     def __init__(self, decoder: StaticDecoder, tok: torch.Tensor, pos: torch.Tensor):
         self.decoder = decoder
         self.tok, self.pos = tok.clone(), pos.clone()
-        side = torch.cuda.Stream(device=tok.device)
-        side.wait_stream(torch.cuda.current_stream(tok.device))
-        with torch.cuda.stream(side), torch.no_grad():
+        device = tok.device
+        self.stream = torch.cuda.Stream(device=device)
+        self.stream.wait_stream(torch.cuda.current_stream(device))
+        self.graph = torch.cuda.CUDAGraph()
+        with _RECORDING, torch.cuda.device(device), torch.cuda.stream(self.stream), torch.no_grad():
             for _ in range(2):
                 decoder.forward_token(self.tok, self.pos)
-        torch.cuda.current_stream(tok.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.logits = decoder.forward_token(self.tok, self.pos)
+            self.stream.synchronize()
+            self.graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                self.logits = decoder.forward_token(self.tok, self.pos)
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # the stream must not stay capturing; the step's own error is the one to see
+                    self.graph.capture_end()
+                raise
+            self.graph.capture_end()
+        torch.cuda.current_stream(device).wait_stream(self.stream)
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         self.tok.copy_(tok)

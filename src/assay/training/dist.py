@@ -30,6 +30,8 @@ from typing import Any, Iterator, NoReturn
 
 import torch
 
+from assay.errors import AssayError
+
 
 @dataclass
 class Ranks:
@@ -47,6 +49,9 @@ class Ranks:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
+        if device.type == "cuda" and device.index is not None:  # every rank would take that one GPU
+            raise AssayError(f"model.device={device}: with {world} processes each trains on its own GPU (cuda:LOCAL_RANK); "
+                             "give model.device=cuda")
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
             if device.type == "cuda":

@@ -317,7 +317,7 @@ class Trainer:
             metrics.update(mismatch)
         if takes_forward_process(cfg.algo):  # DiffusionNFT: the noisings and the rollout policy's velocities, before any step
             batch = dataclasses.replace(batch, draws=(self.model if self.old is None else self.old.model).draw_noisings(batch, self.generator))
-        self.sampler.sleep()  # an engine on a GPU lets go of its memory during the update; update_weights wakes it
+        self.rest_sampler()
         metrics.update(self._update(batch, advantages))
         self.sampler.update_weights(self.model, self.step + 1)
         if self.old is not None:
@@ -335,6 +335,11 @@ class Trainer:
         })
         self.sched.step()
         return metrics
+
+    def rest_sampler(self) -> None:
+        """The sampler lets go of device memory for the update (not while an asynchronous run's producer samples)."""
+        if self.async_ is None:
+            self.sampler.sleep()
 
     def _rollout(self) -> tuple[list, list, dict[str, float]]:
         """Generate and score until the step's groups are chosen (one round, or DAPO's rounds).
