@@ -9,11 +9,17 @@ process on the same shape (16 prompts × 8 completions × 256 new tokens by defa
   step over the device's bandwidth); `assay-decode-compiled` with `rollout.compile`;
 - `hf-generate`: `model.generate(do_sample=True)` on the same prompts, the same figures;
 - `assay-torch`: whole GRPO steps (`Trainer.learn(collect())`, `rollout.backend=torch`);
-- `trl`: TRL's `GRPOTrainer` without vLLM (its generation is Hugging Face `generate`);
+- `trl`: TRL's `GRPOTrainer` without vLLM (its generation is Hugging Face `generate`), its
+  update in 4 gradient-accumulation passes (the whole batch in one pass does not fit an H100's
+  memory at 0.5B without gradient checkpointing; assay splits by `train.micro_batch_mb`);
 - `assay-vllm`, `trl-vllm`: the same with vLLM, where vLLM is installed.
 
 Peak memory is torch's own peak on the device (and, on a CPU, the peak resident memory).
-A framework that fails or runs past `--timeout` is reported as such; the others go on.
+A framework that fails or runs past `--timeout` is reported as such; the others go on. Rows
+run in order of what the figures are for — decoding against `generate`, then GRPO steps against
+TRL, for each model; the compiled decoder and the vLLM rows last — so a short `--budget` loses
+the least; each finished row is written to `--json` at once, and a row is not started with less
+than `--min-row` seconds left.
 
     python benchmarks/gpu_check.py                 # on a CUDA GPU: 0.5B and ~100M models in bf16
     python benchmarks/gpu_check.py --tiny          # anywhere: tiny shapes in fp32 (how it is tested on a CPU)
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -40,6 +47,10 @@ MODELS = {
     "tiny-b": dict(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=512),
 }
 FRAMEWORKS = ("assay-decode", "assay-decode-compiled", "hf-generate", "assay-torch", "trl", "assay-vllm", "trl-vllm")
+#: run after every model's other rows: the compiled decoder compiles for a minute, and vLLM is not on the GPU machine
+LATE = ("assay-decode-compiled", "assay-vllm", "trl-vllm")
+#: TRL's update in this many gradient-accumulation passes (see the module's docstring)
+TRL_PASSES = 4
 
 
 def padding_chars(n: int, start: int = 0x4E00) -> str:
@@ -149,8 +160,9 @@ def run_decode(spec: dict, hf: bool, compile: bool = False) -> dict:
     tokens, steps = runs[-1][1], runs[-1][2]
     prompt_len = float(mask.sum(-1).float().mean())
     step_s = seconds / max(steps, 1)
+    memory = _memory(spec["device"])  # before the roofline, which may measure the bandwidth with buffers of its own
     return {"tokens_per_s": tokens / seconds, "step_ms": step_s * 1e3, "decode_steps": steps, "path": "hf-generate" if hf else sampler.path,
-            **_roofline(model, spec, prompt_len, steps, step_s), **_memory(spec["device"])}
+            **_roofline(model, spec, prompt_len, steps, step_s), **memory}
 
 
 def _left_padded(sampler, samples):
@@ -201,8 +213,11 @@ def run_trl(spec: dict) -> dict:
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=getattr(torch, spec["dtype"])).to(spec["device"])
     vllm = spec["framework"] == "trl-vllm"
+    passes = TRL_PASSES if bench.completions_per_step % (TRL_PASSES * bench.group_size) == 0 else 1
     args = trl_args(bench, spec["work_dir"], use_cpu=not spec["device"].startswith("cuda"), bf16=spec["dtype"] == "bfloat16",
-                    use_vllm=vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)  # the step shape of `assay bench train`
+                    use_vllm=vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,  # the step shape of `assay bench train`,
+                    per_device_train_batch_size=bench.completions_per_step // passes,  # one generation and one optimizer step
+                    gradient_accumulation_steps=passes, steps_per_generation=passes)  # a step, its update in `passes` passes
     reward = RecordingReward(task.reward, {s.prompt: len(tok(text=s.prompt)["input_ids"]) for s in samples}, bench.group_size)
     clock: dict[str, list] = {"end": [], "gen": []}
 
@@ -272,22 +287,25 @@ def run_one(framework: str, model: str, model_dir: Path, args, work: Path, timeo
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]  # a traceback's last line
+        return {"error": f"exit {proc.returncode}: " + (raised or lines or ["no output"])[-1]}
     return json.loads(Path(spec["out"]).read_text())
 
 
 def render(rows: list[dict]) -> str:
-    head = f"{'model':>11} {'params':>7} {'framework':>13} {'tokens/s':>9} {'ms/token step':>14} {'roofline':>9} {'s/step':>7} {'peak GiB':>9}"
+    head = (f"{'model':>11} {'params':>7} {'framework':>21} {'tokens/s':>9} {'ms/token step':>14} {'roofline':>9} {'s/step':>7} {'peak GiB':>9}"
+            "  decoding path")
     lines = [head, "-" * len(head)]
     for r in rows:
-        name = f"{r['model']:>11} {r['params'] / 1e6:6.1f}M {r['framework']:>13}"
+        size = f"{r['params'] / 1e6:6.1f}M" if r.get("params") else f"{'—':>7}"
+        name = f"{r['model']:>11} {size} {r['framework']:>21}"
         if "error" in r:
-            lines.append(f"{name}  failed: {r['error']}")
+            lines.append(f"{name}  {'' if r['error'].startswith('skipped') else 'failed: '}{r['error']}")
             continue
         fmt = lambda key, f: (f.format(r[key]) if r.get(key) is not None else "—")  # noqa: E731
         lines.append(f"{name} {fmt('tokens_per_s', '{:.0f}'):>9} {fmt('step_ms', '{:.2f}'):>14} {fmt('roofline_frac', '{:.1%}'):>9} "
-                     f"{fmt('s_per_step', '{:.2f}'):>7} {fmt('peak_gib', '{:.2f}'):>9}")
+                     f"{fmt('s_per_step', '{:.2f}'):>7} {fmt('peak_gib', '{:.2f}'):>9}  {r.get('path', '')}")
     bw = sorted({r["bandwidth"] for r in rows if r.get("bandwidth")})
     if bw:
         lines.append(f"roofline: weights + KV cache read per token step over {', '.join(bw)} bandwidth")
@@ -313,7 +331,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed generation calls after one warm-up call (default 2)")
     p.add_argument("--timeout", type=float, default=240, help="seconds one framework run may take (default 240)")
     p.add_argument("--budget", type=float, default=None, help="seconds the whole benchmark may take; runs that would start past it are skipped")
-    p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--min-row", type=float, default=None, help="seconds a row needs to be started (default 60 on a GPU: a 0.5B worker "
+                   "loads for ~20 s before it measures; 10 with --tiny)")
+    p.add_argument("--json", default=None, help="also write the rows here, each as it finishes")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -322,27 +342,33 @@ def main() -> None:
     args.device, args.dtype = ("cpu", "float32") if args.tiny else ("cuda", "bfloat16")
     args.prompts = args.prompts or (4 if args.tiny else 16)
     args.max_new_tokens = args.max_new_tokens or (16 if args.tiny else 256)
+    args.min_row = args.min_row if args.min_row is not None else (10 if args.tiny else 60)
     models = (args.models or ("tiny-a,tiny-b" if args.tiny else "qwen2-0.5b,qwen2-100m")).split(",")
     default = [f for f in FRAMEWORKS if ("vllm" not in f or _vllm_installed()) and not (args.tiny and f.endswith("compiled"))]
     frameworks = args.frameworks.split(",") if args.frameworks else default
-    rows = []
+    order = [(m, f) for late in (False, True) for m in models for f in frameworks if (f in LATE) == late]
+    rows: list[dict] = []
+    params: dict[str, int] = {}
+
+    def time_left() -> float:
+        return args.timeout if args.budget is None else min(args.timeout, args.budget - (time.perf_counter() - started))
+
     with tempfile.TemporaryDirectory(prefix="assay-gpu-check-") as tmp:
         work = Path(tmp)
-        for model in models:
-            model_dir = work / model
-            params = build_model(model, model_dir, args.dtype)
-            for framework in frameworks:
-                left = args.timeout if args.budget is None else min(args.timeout, args.budget - (time.perf_counter() - started))
-                if left < 20:
-                    rows.append({"model": model, "params": params, "framework": framework, "error": "skipped: out of time"})
-                    continue
+        for model, framework in order:
+            if model not in params and time_left() >= args.min_row:
+                params[model] = build_model(model, work / model, args.dtype)
+            left = time_left()
+            row = {"model": model, "params": params.get(model), "framework": framework}
+            if left < args.min_row:
+                rows.append({**row, "error": "skipped: out of time"})
+            else:
                 t0 = time.perf_counter()
-                row = {"model": model, "params": params, "framework": framework, **run_one(framework, model, model_dir, args, work, left)}
-                rows.append(row)
-                print(f"  {model} {framework}: {time.perf_counter() - t0:.0f} s" + (f" ({row['error']})" if "error" in row else ""), flush=True)
+                rows.append({**row, **run_one(framework, model, work / model, args, work, left)})
+                print(f"  {model} {framework}: {time.perf_counter() - t0:.0f} s" + (f" ({rows[-1]['error']})" if "error" in rows[-1] else ""), flush=True)
+            if args.json:  # as it goes: a run cut off keeps the rows it finished
+                Path(args.json).write_text(json.dumps(rows, indent=1))
     print(render(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

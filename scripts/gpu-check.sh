@@ -83,12 +83,12 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 say "gpu tests"
-timeout 240 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
+timeout 200 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { say "FAILED: gpu tests"; status=1; }
 
 say "main job on $DEVICE (20 steps)"
 rm -rf "$OUT/runs/gpu-main"
-timeout 180 "$PY" -m assay train --no-progress model.device="$DEVICE" train.steps=20 train.eval_every=10 train.eval_n=200 \
+timeout 120 "$PY" -m assay train --no-progress model.device="$DEVICE" train.steps=20 train.eval_every=10 train.eval_n=200 \
   output_dir="$OUT/runs" run_name=gpu-main >"$OUT/main.log" 2>&1 || { say "FAILED: main job"; tail -5 "$OUT/main.log"; status=1; }
 "$PY" - "$OUT/runs/gpu-main/metrics.jsonl" <<'PY' || status=1
 import json, sys

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from assay.devices import check_device, generator_for, seeded, to_cpu
+from assay.devices import activation_budget_mb, check_device, generator_for, seeded, to_cpu
 from assay.errors import AssayError
 from assay.rollout.base import SamplingParams
 from assay.rollout.torch_sampler import TorchSampler
@@ -78,6 +78,14 @@ def test_one_gpu_named_for_several_processes_is_one_line_before_any_process_grou
     with pytest.raises(AssayError, match=r"model.device=cuda:0: with 2 processes each trains on its own GPU \(cuda:LOCAL_RANK\); give model.device=cuda"):
         Ranks.from_env(torch.device("cuda:0"))
     assert Ranks(1, 2, 1).device(torch.device("cuda")) == torch.device("cuda:1")
+
+
+def test_the_micro_batch_budget_is_the_devices_unless_given():
+    """`train.micro_batch_mb: null`: 256 MiB on a CPU; on a GPU an eighth of its memory (a pass there costs its launches
+    whatever its size, so 256 MiB would cut a 0.5B model's 128-row batch into 128 passes)."""
+    assert activation_budget_mb(None, "cpu") == 256.0 and activation_budget_mb(0, "cpu") == 0 and activation_budget_mb(64, "cuda") == 64
+    if torch.cuda.is_available():
+        assert activation_budget_mb(None, "cuda") == torch.cuda.get_device_properties(0).total_memory / 8 / 2**20
 
 
 def test_to_cpu_walks_containers():

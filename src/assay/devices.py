@@ -86,6 +86,16 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def activation_budget_mb(mb: float | None, device: str | torch.device) -> float:
+    """`train.micro_batch_mb` resolved for `device`: as given, else 256 MiB on a CPU and an eighth of a GPU's memory."""
+    device = torch.device(device)
+    if mb is not None:
+        return mb
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 8 / 2**20
+    return 256.0
+
+
 @contextlib.contextmanager
 def seeded(seed: int, device: str | torch.device = "cpu"):
     """Inside, torch's global random streams of the CPU and of `device` (where it is a GPU) start from `seed`; after, they are

@@ -363,10 +363,12 @@ class TrainConfig(Section):
     """torch CPU threads. 0: as many as there are cores other processes leave free,
     re-checked before every step (`assay.threads`); N: always N (set it for bit-for-bit
     reproducible runs on a machine whose load varies)."""
-    micro_batch_mb: float = Field(256.0, ge=0.0)
+    micro_batch_mb: float | None = Field(None, ge=0.0)
     """Activation memory one forward/backward pass may keep, in MiB (estimated from the model's
     sizes): a longer minibatch is split into micro-batches, shortest rows first, whose
-    gradients accumulate to one optimizer step equal to the whole minibatch's (0: never split)."""
+    gradients accumulate to one optimizer step equal to the whole minibatch's (0: never split;
+    null: 256 on a CPU, an eighth of the device's memory on a GPU, where each pass costs
+    launches whatever its size)."""
     fast_forward: bool = True
     """Llama-family models (Llama, Mistral, Qwen2, Qwen3) run assay's own forward in the update
     and wherever the trainer recomputes logprobs: each distinct prompt once per micro-batch

@@ -171,7 +171,8 @@ class StaticDecoder:
         """
         if self.compile:
             try:
-                return _compiled_forward()(self, tok, pos)
+                with _COMPILED_CALLS:  # Dynamo's guards and recompiles are not thread-safe; an asynchronous run decodes in two threads
+                    return _compiled_forward()(self, tok, pos)
             except Exception as e:  # Inductor's failures have many types; the step still runs, eagerly
                 warnings.warn(f"assay: torch.compile failed on the decoding step ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                               "decoding eagerly", stacklevel=2)
@@ -211,6 +212,7 @@ class StaticDecoder:
 
 
 _COMPILED = None
+_COMPILED_CALLS = threading.Lock()
 
 
 def _compiled_forward():

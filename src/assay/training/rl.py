@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from assay.config import RunConfig
-from assay.devices import check_device, set_matmul_precision
+from assay.devices import activation_budget_mb, check_device, set_matmul_precision
 from assay.data.datasets import PromptLimit, PromptSource, build_source
 from assay.errors import AssayError
 from assay.eval.policy import evaluate
@@ -113,7 +113,7 @@ class Trainer:
         self._wall_offset, self._wall_t0 = 0.0, time.perf_counter()
         if cfg.train.activation_checkpointing:  # the model's own forward and assay's (models/llama.py) both read this flag
             enable_checkpointing(self.model)
-        mb = cfg.train.micro_batch_mb  # activation budget (MiB) → padded tokens per forward/backward pass (0: no limit)
+        mb = activation_budget_mb(cfg.train.micro_batch_mb, self.device)  # MiB → padded tokens per forward/backward pass (0: no limit)
         per_token = activation_bytes_per_token(self.model, cfg.train.activation_checkpointing)
         self.micro_batch_tokens = max(1, int(mb * 2**20 / per_token)) if mb else 0
         self.params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
