@@ -245,6 +245,14 @@ def test_commands_that_run_in_one_process_are_refused_under_torchrun(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_float16_under_torchrun_is_refused_in_one_line(tmp_path):
+    """FSDP2's mixed precision here is bf16's: fp16 weights would train as fp32 shards without a word."""
+    p = torchrun("-m", "assay", "train", "--no-progress", "model.dtype=float16", "train.steps=1", f"output_dir={tmp_path}")
+    assert p.returncode != 0
+    assert "torchrun with 2 processes: model.dtype=float16 is not supported (no loss scaling); give model.dtype=bfloat16 or float32" in p.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_an_image_policy_under_torchrun_is_refused_in_one_line(tmp_path):
     """A picture generator trains in one process for now: under torchrun, one line saying so (not the sharded trainer's
     advice about language-model engines, which an image policy cannot use), and no run folder."""

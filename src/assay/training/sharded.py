@@ -70,6 +70,9 @@ class ShardedTrainer(Trainer):
             if cfg.rollout.backend not in ("torch", "vllm", "openai"):
                 raise AssayError(f"torchrun with {ranks.world} processes: rollout.backend={cfg.rollout.backend} is not supported "
                                  "(torch and vllm generate on every rank, openai with one server that every rank sends its share to)")
+            if cfg.model.dtype == "float16":  # FSDP2's mixed precision is set up for bf16 only; fp16 would train in fp32 unsaid
+                raise AssayError(f"torchrun with {ranks.world} processes: model.dtype=float16 is not supported (no loss scaling); "
+                                 "give model.dtype=bfloat16 or float32")
         return ranks
 
     def _policy_dtype(self) -> str:
