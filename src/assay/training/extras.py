@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from assay.algos import hyperparameters
+from assay.devices import to_cpu
 from assay.errors import AssayError
 from assay.registry import Registry
 from assay.types import RewardResult, Sample, Trajectory
@@ -236,8 +237,7 @@ class Values(Extra):
 
     def after_update(self, step, value):
         algo, batch = self.trainer.cfg.algo, step.batch
-        kw = {n: self.trainer.extras[n](step) for n in self.target_extras}  # the turn tensors are cached in step.cache
-        kw = {n: v.cpu() if torch.is_tensor(v) else v for n, v in kw.items()}  # on the CPU, as the rewards, values and mask
+        kw = to_cpu({n: self.trainer.extras[n](step) for n in self.target_extras})  # on the CPU, as the rewards, values and mask
         returns, on = self.targets(batch.rewards.cpu(), value.cpu(), batch.mask.cpu(), **kw, **self.target)
         dev = batch.mask.device
         return self.critic.fit(batch, value, returns.to(dev), on.to(dev), epochs=algo.epochs, minibatches=algo.minibatches)

@@ -31,7 +31,7 @@ from assay.training.hacking import repetition
 from assay.types import RewardResult, Trajectory
 from assay.vision.inputs import jsonable
 
-__all__ = ["HealthGates", "RunCannotLearn", "rollout_metrics", "sample_rows"]
+__all__ = ["HealthGates", "RunCannotLearn", "log_samples", "rollout_metrics", "sample_rows"]
 
 
 #: the share of a step's completions cut off at the length limit from which the run warns (once)
@@ -143,6 +143,20 @@ def rollout_metrics(trajs, results, verdicts: bool = True) -> dict[str, float]:
         "rollout/truncated_frac": sum(not t.finished for t in trajs) / len(trajs),
         "rollout/repetition": sum(repetition(t.completion_ids) for t in trajs) / len(trajs),
     }
+
+
+def log_samples(log, step: int, trajs: list[Trajectory], results: list[RewardResult], train, tokenizer, note) -> None:
+    """At step 1 and every `train.samples_every` steps, a few prompts with their completions to `log` (`samples.jsonl`),
+    and the first completion to `note` (the console) with `train.show_samples`."""
+    every = train.samples_every
+    if not every or (step != 1 and step % every):
+        return
+    rows = sample_rows(trajs, results, train.samples_n, tokenizer=tokenizer)
+    for row in rows:
+        log.log(step, row)
+    if train.show_samples and rows and rows[0]["completions"]:
+        c = rows[0]["completions"][0]
+        note(f"step {step}: {rows[0].get('prompt_text', rows[0]['prompt'])!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
 
 
 def sample_rows(trajs: list[Trajectory], results: list[RewardResult], prompts: int, per_prompt: int = 4, tokenizer=None) -> list[dict]:

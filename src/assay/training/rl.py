@@ -50,7 +50,7 @@ from assay.training.extras import StepData, build_extras
 from assay.training.groups import GoldInjector, PromptPicker, join_groups, scores, split_groups
 from assay.threads import ThreadGovernor
 from assay.training.hacking import HackingAlarm, Watch
-from assay.training.health import HealthGates, RunCannotLearn, rollout_metrics, sample_rows
+from assay.training.health import HealthGates, RunCannotLearn, log_samples, rollout_metrics
 from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows,
                                      takes_forward_process, token_logprobs)
@@ -515,13 +515,10 @@ class Trainer:
         return RunResult(self.run_dir, summary)
 
     def _start_producer(self, k: int) -> None:
-        """From here on the rollouts come from a producer thread that runs `k` versions ahead (`assay.training.async_rollouts`);
-        k = 0: the synchronous loop, no producer."""
-        if k == 0:
-            return
-        if self.ranks.active:
+        """From here on the rollouts come from a producer thread `k` versions ahead (`assay.training.async_rollouts`); 0: none."""
+        if k and self.ranks.active:
             raise AssayError(f"rollout.max_staleness={k} under torchrun: asynchronous rollouts run in one process for now (docs/async.md)")
-        self.async_ = AsyncRollouts(self, k)
+        self.async_ = AsyncRollouts(self, k) if k else None
 
     def _next_rollout(self, signals) -> tuple:
         """This step's scored rollouts: generated now, or taken from the producer (a signal while waiting stops at once either
@@ -560,14 +557,7 @@ class Trainer:
         if warning:
             metrics["warning"] = warning
             bar.note(f"assay: warning: step {self.step}: {warning}")
-        every = cfg.train.samples_every
-        if every and (self.step == 1 or self.step % every == 0):
-            rows = sample_rows(trajs, results, cfg.train.samples_n, tokenizer=self.tokenizer)
-            for row in rows:
-                self.samples.log(self.step, row)
-            if cfg.train.show_samples and rows and rows[0]["completions"]:
-                c = rows[0]["completions"][0]
-                bar.note(f"step {self.step}: {rows[0].get('prompt_text', rows[0]['prompt'])!r} → {c['text']!r} reward {c['reward']} ({c['reason'] or 'ok'})")
+        log_samples(self.samples, self.step, trajs, results, cfg.train, self.tokenizer, bar.note)
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             metrics.update(self.evaluate())
         self._watch(metrics, trajs, results, bar)
