@@ -159,6 +159,16 @@ def test_a_compiled_step_decodes_as_the_eager_step(policy):
     assert compiled.compile and compiled.cuda_graphs  # neither fell back
     assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
     assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-3
+    # the token draw compiled too: on the same bf16 logits and generator, the eager draw's tokens
+    from assay.rollout import torch_sampler
+
+    logits = torch.randn(128, 32000, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(0)).mul(3).bfloat16()
+    sampled = SamplingParams(12, 1.0)
+    eager_draw = torch_sampler._pick(logits, sampled, torch.Generator(DEVICE).manual_seed(5))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="assay:")
+        fused_draw = torch_sampler._pick(logits, sampled, torch.Generator(DEVICE).manual_seed(5), fused=True)
+    assert torch.equal(eager_draw[0], fused_draw[0]) and torch.allclose(eager_draw[1], fused_draw[1], atol=1e-5)
 
 
 # ---------------------------------------------------------------- training and resume

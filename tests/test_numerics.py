@@ -103,6 +103,37 @@ def test_sampling_with_a_seed_is_reproducible_and_greedy_is_argmax():
         ids.append(t)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_the_draw_is_multinomials_and_its_logprob_the_trainers(temperature):
+    """`_pick` draws what `torch.multinomial` draws from the same generator, and scores it as a log-softmax would."""
+    from assay.rollout.torch_sampler import _pick
+
+    logits = torch.randn(64, 3000, generator=torch.Generator().manual_seed(0)) * 3
+    tok, lp = _pick(logits, SamplingParams(8, temperature), torch.Generator().manual_seed(7))
+    ref = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=torch.Generator().manual_seed(7))[:, 0]
+    assert torch.equal(tok, ref)
+    assert torch.allclose(lp, torch.log_softmax(logits / temperature, -1).gather(-1, tok[:, None])[:, 0], atol=2e-6)
+    # bf16 logits (a GPU policy's) are drawn from in fp32, as the trainer scores them
+    half = logits.bfloat16()
+    tok16, lp16 = _pick(half, SamplingParams(8, temperature), torch.Generator().manual_seed(7))
+    assert torch.equal(tok16, _pick(half.float(), SamplingParams(8, temperature), torch.Generator().manual_seed(7))[0])
+    assert torch.allclose(lp16, torch.log_softmax(half.float() / temperature, -1).gather(-1, tok16[:, None])[:, 0], atol=2e-6)
+
+
+@pytest.mark.slow
+def test_the_fused_draw_is_the_eager_one():
+    """`rollout.compile` draws through `torch.compile`: the same tokens from the same generator, logprobs to rounding."""
+    from assay.rollout import torch_sampler
+
+    logits = torch.randn(33, 3000, generator=torch.Generator().manual_seed(1)) * 3
+    for temperature in (1.0, 0.6):
+        params = SamplingParams(8, temperature)
+        eager = torch_sampler._pick(logits, params, torch.Generator().manual_seed(5))
+        fused = torch_sampler._pick(logits, params, torch.Generator().manual_seed(5), fused=True)
+        assert torch_sampler._COMPILED_RACE not in (None, False)  # compiled, not fallen back
+        assert torch.equal(eager[0], fused[0]) and torch.allclose(eager[1], fused[1], atol=2e-6)
+
+
 def test_dropping_finished_rows_does_not_change_the_samples():
     # Greedy decoding is a function of the model alone, so dropping finished rows from the
     # cache must leave every completion as it is. (Seeded sampling is reproducible for a

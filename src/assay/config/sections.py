@@ -138,8 +138,8 @@ class RolloutConfig(Section):
     """`torch` on a CUDA device: record one decoding step as a CUDA graph and replay it for every
     token (the step's ~25 kernels per layer then cost one launch; docs/performance.md, "On a GPU")."""
     compile: bool = False
-    """`torch`: run the decoding step through `torch.compile` (Inductor fuses its small operations;
-    the first generation compiles, tens of seconds). Off by default until measured on a GPU
+    """`torch`: run the decoding step and the token draw through `torch.compile` (Inductor fuses their
+    small operations; the first generation compiles, tens of seconds). Off by default until measured on a GPU
     (`benchmarks/gpu_check.py`, row `assay-decode-compiled`)."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """`vllm`: extra keyword arguments of `vllm.LLM` (for example `{gpu_memory_utilization: 0.5,
