@@ -103,6 +103,41 @@ def test_sampling_with_a_seed_is_reproducible_and_greedy_is_argmax():
         ids.append(t)
 
 
+@pytest.mark.parametrize("kind,extra", [("qwen2", {}), ("qwen3", {}), ("llama", {"attention_bias": True, "mlp_bias": True})])
+def test_the_gpus_form_of_the_decoder_step_matches_the_hf_path(kind, extra, monkeypatch):
+    """The step as a GPU runs it (`x @ Wᵀ`, residual sums in `addmm`, rotary as a product), here on the CPU: the Hugging Face path's tokens."""
+    from assay.rollout import torch_sampler
+
+    class GpuForm(torch_sampler.StaticDecoder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cpu_form = False
+
+    model = _model(kind, 2, **extra)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    hf = TorchSampler(model, TOK, fast=False).generate(_prompts(), 4, SamplingParams(16, 1.0), torch.Generator().manual_seed(3))
+    monkeypatch.setattr(torch_sampler, "StaticDecoder", GpuForm)
+    fast = TorchSampler(model, TOK).generate(_prompts(), 4, SamplingParams(16, 1.0), torch.Generator().manual_seed(3))
+    for a, b in zip(fast, hf):
+        assert a.completion_ids == b.completion_ids
+        _assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+
+
+def test_the_bf16_norm_is_the_modules_own():
+    """`_norm` in bf16 (the norm, then its weight) gives the Hugging Face module's values, bit for bit."""
+    from assay.models.llama import _norm
+
+    model = _model().bfloat16()
+    module = model.model.layers[0].input_layernorm
+    with torch.no_grad():
+        module.weight.normal_(1.0, 0.3)
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).mul(3).bfloat16()
+        assert torch.equal(_norm(module, torch.bfloat16)(x), module(x))
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_the_draw_is_multinomials_and_its_logprob_the_trainers(temperature):
     """`_pick` draws what `torch.multinomial` draws from the same generator, and scores it as a log-softmax would."""

@@ -20,7 +20,8 @@ sequences longer than a sliding attention window, use the generic Hugging Face p
 tokens with the trainer's logprobs.
 
 On a CUDA device a step is launch-bound, not bandwidth-bound: a 24-layer model runs some
-600 small kernels per token, each costing more to launch from Python than to execute.
+400 small kernels per token (800 before `StaticDecoder` cut them), each costing more to launch
+from Python than to execute.
 `StaticDecoder.graphed()` records one step as a CUDA graph (`CudaGraphStep`) and replays it:
 the step's shapes are fixed (the batch keeps its rows; finished ones are ignored) and the cache
 slot it writes is a device tensor (`slot`), so nothing in the step depends on a Python value.
@@ -81,12 +82,17 @@ class StaticDecoder:
     Build it once per call (weights are read when it is built, so it always sees the
     current policy), then `prefill` and `step` in turn; `select` keeps only some rows.
 
-    Per layer and token a step runs about 25 tensor operations, against about 55 in the
-    model's own modules: RMSNorm as one `F.rms_norm`, rotary embeddings read from a table
-    built at prefill and applied to queries and keys together (`x·cos + roll(x)·sin`, the
-    sign of `rotate_half` folded into the table), the attention scale folded into the
-    fused query weights (when there is no q-norm after them), masking fused into the
-    score matmul (`baddbmm`), and on a CPU every projection weight-major (`_linear_t`).
+    Per layer and token a step runs 17 kernels on a GPU in bf16, against about 55 in the
+    model's own modules: RMSNorm as one `F.rms_norm` (and its weight in bf16: `_norm`),
+    rotary embeddings read from a table built at prefill and applied to queries and keys
+    together (the sign of `rotate_half` folded into the table; one batched product by each
+    row's rotation, built once a step for all layers; on a CPU `x·cos + roll(x)·sin`), the
+    attention scale folded into the fused query weights (when there is no q-norm after
+    them), masking fused into the score matmul (`baddbmm`), the attention's softmax one
+    kernel in any dtype, the residual sums in the output projections' `addmm` (on a CPU
+    every projection weight-major instead, `_linear_t`). A recorded step still pays a few
+    microseconds a kernel, so at 0.5B (24 layers, ~1 GB of weights, 0.3 ms of an H100's
+    bandwidth) the count is what the step time is made of.
     """
 
     def __init__(self, model, compile: bool = False):
@@ -97,8 +103,10 @@ class StaticDecoder:
         attn0 = body.layers[0].self_attn
         first = next(model.parameters())
         dtype = first.dtype
-        # weight-major products pay off with MKL on a CPU; cuBLAS takes `x @ Wᵀ` as it is
-        self.linear = _linear_t if first.device.type == "cpu" else F.linear
+        # the CPU's form of the step: weight-major products (they pay off with MKL) and elementwise rotary
+        # embeddings; elsewhere the form with the fewest kernels (`x @ Wᵀ` as cuBLAS takes it, residual
+        # sums in `addmm`, rotary embeddings as one batched product a layer)
+        self.cpu_form = first.device.type == "cpu"
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(attn0, "head_dim", None) or cfg.hidden_size // self.heads
@@ -143,6 +151,8 @@ class StaticDecoder:
         self.bias = bias
         self.slot = torch.full((1,), P, dtype=torch.long, device=ref.device)  # the cache slot the next step writes
         self.cos, self.sin = rotary_table(self.model, ref, torch.arange(S, device=ref.device))  # every position a row can reach
+        eye = torch.eye(self.head_dim, dtype=ref.dtype, device=ref.device)
+        self.eye, self.swap = eye, eye.roll(self.head_dim // 2, dims=0)  # swap[i, j] = 1 where i = j + D/2 (mod D)
         return logits
 
     def select(self, idx: torch.Tensor) -> None:
@@ -179,6 +189,15 @@ class StaticDecoder:
                 self.compile = False
         return self._forward_token(tok, pos)
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _linear_t(x, weight, bias) if self.cpu_form else F.linear(x, weight, bias)
+
+    def residual(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """`x + linear(h, weight, bias)`; without a bias and not weight-major, one `addmm` (the sum in the product's epilogue)."""
+        if self.cpu_form or bias is not None:
+            return x + self.linear(h, weight, bias)
+        return torch.addmm(x, h, weight.t())
+
     def _forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         body = self.model.model
         A, slot = tok.shape[0], self.slot
@@ -187,6 +206,10 @@ class StaticDecoder:
         linear = self.linear
         x = body.embed_tokens(tok)  # [A, H]: one row per sequence
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [A, 1, D], broadcast over heads
+        # rope(x)_j = x_j·cos_j + x_(j+D/2 mod D)·sin_j: elementwise on a CPU (three kernels a layer), else as x @ R
+        # with each row's rotation R [D, D] built here once for all layers (one kernel a layer; the products are
+        # exact and summed in fp32, so rounded once)
+        rotation = None if self.cpu_form else torch.addcmul(cos * self.eye, sin, self.swap)  # [A, D, D]
         self.bias.index_fill_(1, slot, 0.0)  # this step's slot becomes visible
         # the mask for every (row, kv head) pair of the batched score matmul, built once per step
         bias = self.bias[:, None, None, :].expand(A, Hk, G, S).reshape(A * Hk, G, S)
@@ -196,7 +219,8 @@ class StaticDecoder:
                 qk = torch.cat([attn.q_norm(qkv[:, :Hq]), attn.k_norm(qkv[:, Hq : Hq + Hk])], dim=1)
             else:
                 qk = qkv[:, : Hq + Hk]
-            qk = torch.addcmul(qk * cos, qk.roll(D // 2, dims=-1), sin)  # rotary, queries and keys at once
+            # rotary, queries and keys at once
+            qk = torch.addcmul(qk * cos, qk.roll(D // 2, dims=-1), sin) if rotation is None else torch.bmm(qk, rotation)
             self.keys[i].index_copy_(2, slot, qk[:, Hq:, None])
             self.values[i].index_copy_(2, slot, qkv[:, Hq + Hk :, None])
             # attend over the whole buffer (unwritten slots are masked): a slice along the slot
@@ -204,10 +228,10 @@ class StaticDecoder:
             # Grouped-query attention without repeating keys: query heads of a kv head share a matmul.
             keys, values = self.keys[i].view(A * Hk, S, D), self.values[i].view(A * Hk, S, D)
             scores = torch.baddbmm(bias, qk[:, :Hq].reshape(A * Hk, G, D), keys.transpose(1, 2), alpha=self.scale)
-            probs = torch.softmax(scores, dim=-1) if scores.dtype == torch.float32 else torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
-            x = x + linear(torch.bmm(probs, values).view(A, Hq * D), *o_proj)
+            probs = torch.softmax(scores, dim=-1)  # in bf16 too: computed in fp32, rounded once
+            x = self.residual(x, torch.bmm(probs, values).view(A, Hq * D), *o_proj)
             gate, up = linear(norm_post(x), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + linear(mlp.act_fn(gate) * up, *down_proj)
+            x = self.residual(x, mlp.act_fn(gate) * up, *down_proj)
         return self.model.get_output_embeddings()(self.final_norm(x))
 
 
