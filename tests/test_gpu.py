@@ -55,15 +55,25 @@ def _prompts(n=8):
 # ---------------------------------------------------------------- sampling
 
 
+@pytest.mark.parametrize("form", ["device", "cpu"])
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
-def test_the_samplers_logprobs_are_the_learners(policy, dtype, tol):
-    """What the sampler records is what the learner recomputes: the first update's ratio is 1."""
+def test_the_samplers_logprobs_are_the_learners(policy, dtype, tol, form, monkeypatch):
+    """What the sampler records is what the learner recomputes: the first update's ratio is 1. With the decoding step in
+    the device's own form (on a GPU: fused norms, in-place residual GEMMs, rotary as a product) and in the CPU's."""
     from assay.devices import set_matmul_precision
+    from assay.rollout import torch_sampler
     from assay.rollout.base import SamplingParams
     from assay.rollout.torch_sampler import TorchSampler
     from assay.training.learner import collate, token_logprobs
     from assay.types import RewardResult
 
+    if form == "cpu":
+        class CpuForm(torch_sampler.StaticDecoder):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.cpu_form, self.rotation_product = True, False
+
+        monkeypatch.setattr(torch_sampler, "StaticDecoder", CpuForm)
     set_matmul_precision(torch.device(DEVICE), tf32=False)
     model, tok = policy(dtype)
     sampler = TorchSampler(model, tok, DEVICE)

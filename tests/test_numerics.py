@@ -111,7 +111,7 @@ def test_the_gpus_form_of_the_decoder_step_matches_the_hf_path(kind, extra, monk
     class GpuForm(torch_sampler.StaticDecoder):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.cpu_form = False
+            self.cpu_form, self.rotation_product = False, True  # the product as in bf16 (here in fp32)
 
     model = _model(kind, 2, **extra)
     with torch.no_grad():

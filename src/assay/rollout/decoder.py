@@ -82,15 +82,15 @@ class StaticDecoder:
     Build it once per call (weights are read when it is built, so it always sees the
     current policy), then `prefill` and `step` in turn; `select` keeps only some rows.
 
-    Per layer and token a step runs 17 kernels on a GPU in bf16, against about 55 in the
+    Per layer and token a step runs 18 kernels on a GPU in bf16, against about 55 in the
     model's own modules: RMSNorm as one `F.rms_norm` (and its weight in bf16: `_norm`),
     rotary embeddings read from a table built at prefill and applied to queries and keys
     together (the sign of `rotate_half` folded into the table; one batched product by each
     row's rotation, built once a step for all layers; on a CPU `x·cos + roll(x)·sin`), the
     attention scale folded into the fused query weights (when there is no q-norm after
     them), masking fused into the score matmul (`baddbmm`), the attention's softmax one
-    kernel in any dtype, the residual sums in the output projections' `addmm` (on a CPU
-    every projection weight-major instead, `_linear_t`). A recorded step still pays a few
+    kernel in any dtype, the residual sums in the output projections' GEMMs (`residual`; on
+    a CPU every projection weight-major instead, `_linear_t`). A recorded step still pays a few
     microseconds a kernel, so at 0.5B (24 layers, ~1 GB of weights, 0.3 ms of an H100's
     bandwidth) the count is what the step time is made of.
     """
@@ -110,6 +110,9 @@ class StaticDecoder:
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(attn0, "head_dim", None) or cfg.hidden_size // self.heads
+        # rotary embeddings as a product by each row's [D, D] rotation: one kernel a layer for three, and fewer bytes
+        # than the three read and write while D ≤ 5 (Hq + Hk); in bf16/fp16 only (an fp32 product would run in TF32)
+        self.rotation_product = not self.cpu_form and dtype != torch.float32 and self.head_dim <= 5 * (self.heads + self.kv_heads)
         scale = getattr(attn0, "scaling", self.head_dim**-0.5)
         self.qk_norm = hasattr(attn0, "q_norm")
         self.scale = scale if self.qk_norm else 1.0  # without a q-norm the scale lives in the query weights
@@ -181,22 +184,24 @@ class StaticDecoder:
         """
         if self.compile:
             try:
-                with _COMPILED_CALLS:  # Dynamo's guards and recompiles are not thread-safe; an asynchronous run decodes in two threads
+                with compiled_calls():
                     return _compiled_forward()(self, tok, pos)
             except Exception as e:  # Inductor's failures have many types; the step still runs, eagerly
+                self.compile = False
                 warnings.warn(f"assay: torch.compile failed on the decoding step ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                               "decoding eagerly", stacklevel=2)
-                self.compile = False
         return self._forward_token(tok, pos)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _linear_t(x, weight, bias) if self.cpu_form else F.linear(x, weight, bias)
 
     def residual(self, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """`x + linear(h, weight, bias)`; without a bias and not weight-major, one `addmm` (the sum in the product's epilogue)."""
-        if self.cpu_form or bias is not None:
+        """`x + linear(h, weight, bias)`, or without a bias off a CPU, the product summed into `x` in place (one GEMM with
+        β = 1; out of place, `addmm` would copy `x` first). Not with one row, where cuBLASLt would read `x` as a bias
+        vector while writing it."""
+        if self.cpu_form or bias is not None or x.shape[0] == 1:
             return x + self.linear(h, weight, bias)
-        return torch.addmm(x, h, weight.t())
+        return x.addmm_(h, weight.t())
 
     def _forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         body = self.model.model
@@ -209,7 +214,7 @@ class StaticDecoder:
         # rope(x)_j = x_j·cos_j + x_(j+D/2 mod D)·sin_j: elementwise on a CPU (three kernels a layer), else as x @ R
         # with each row's rotation R [D, D] built here once for all layers (one kernel a layer; the products are
         # exact and summed in fp32, so rounded once)
-        rotation = None if self.cpu_form else torch.addcmul(cos * self.eye, sin, self.swap)  # [A, D, D]
+        rotation = torch.addcmul(cos * self.eye, sin, self.swap) if self.rotation_product else None  # [A, D, D]
         self.bias.index_fill_(1, slot, 0.0)  # this step's slot becomes visible
         # the mask for every (row, kv head) pair of the batched score matmul, built once per step
         bias = self.bias[:, None, None, :].expand(A, Hk, G, S).reshape(A * Hk, G, S)
@@ -248,8 +253,17 @@ def _compiled_forward():
 
 
 #: one recording at a time in a process: the caching allocator's capture bookkeeping is process-wide, and an
-#: asynchronous run decodes in two threads (the producer's batches, the learner's evaluations and greedy baselines)
-_RECORDING = threading.Lock()
+#: asynchronous run decodes in two threads (the producer's batches, the learner's evaluations and greedy baselines).
+#: Reentrant: a recording thread's own compiled step takes it again (`compiled_calls`).
+_RECORDING = threading.RLock()
+
+
+@contextlib.contextmanager
+def compiled_calls():
+    """Held around every call of compiled code: Dynamo's guards and recompiles are not thread-safe, and compiling
+    (Triton's autotuning) synchronises the whole device, which would break another thread's graph recording."""
+    with _RECORDING, _COMPILED_CALLS:
+        yield
 
 
 class CudaGraphStep:

@@ -28,7 +28,7 @@ import torch
 from assay.devices import generator_for, release_memory
 from assay.models.llama import supported
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id, stop_ids
-from assay.rollout.decoder import _COMPILED_CALLS, StaticDecoder, cache_arg, hf_prefill
+from assay.rollout.decoder import StaticDecoder, cache_arg, compiled_calls, hf_prefill
 from assay.types import Sample, Trajectory
 from assay.vision.inputs import VisionInputs, encode_sample, has_images, placeholder_ids
 
@@ -100,14 +100,14 @@ def _fused_race(logits: torch.Tensor, race: torch.Tensor, temperature: float) ->
     if _COMPILED_RACE is False:
         return None
     try:
-        with _COMPILED_CALLS:  # Dynamo is not thread-safe; an asynchronous run decodes in two threads
+        with compiled_calls():
             if _COMPILED_RACE is None:
                 _COMPILED_RACE = torch.compile(_race, dynamic=True)
             return _COMPILED_RACE(logits, race, temperature)
     except Exception as e:  # Inductor's failures have many types; the eager draw takes the same race
+        _COMPILED_RACE = False
         warnings.warn(f"assay: torch.compile failed on the token draw ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                       "drawing eagerly", stacklevel=3)
-        _COMPILED_RACE = False
         return None
 
 
