@@ -20,8 +20,8 @@ sequences longer than a sliding attention window, use the generic Hugging Face p
 tokens with the trainer's logprobs.
 
 On a CUDA device a step is launch-bound, not bandwidth-bound: a 24-layer model runs some
-400 small kernels per token (800 before `StaticDecoder` cut them), each costing more to launch
-from Python than to execute.
+450 small kernels per token in bf16 (18 a layer), each costing more to launch from Python
+than to execute.
 `StaticDecoder.graphed()` records one step as a CUDA graph (`CudaGraphStep`) and replays it:
 the step's shapes are fixed (the batch keeps its rows; finished ones are ignored) and the cache
 slot it writes is a device tensor (`slot`), so nothing in the step depends on a Python value.
@@ -188,8 +188,7 @@ class StaticDecoder:
                     return _compiled_forward()(self, tok, pos)
             except Exception as e:  # Inductor's failures have many types; the step still runs, eagerly
                 self.compile = False
-                warnings.warn(f"assay: torch.compile failed on the decoding step ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              "decoding eagerly", stacklevel=2)
+                compile_failed("the decoding step", "decoding eagerly", e, stacklevel=2)
         return self._forward_token(tok, pos)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -256,6 +255,13 @@ def _compiled_forward():
 #: asynchronous run decodes in two threads (the producer's batches, the learner's evaluations and greedy baselines).
 #: Reentrant: a recording thread's own compiled step takes it again (`compiled_calls`).
 _RECORDING = threading.RLock()
+
+
+def compile_failed(what: str, instead: str, e: Exception, stacklevel: int) -> None:
+    """Warn that compiling `what` failed (the exception's type and first line) and what runs `instead`; `stacklevel`
+    as the caller's own `warnings.warn` would take it."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    warnings.warn(f"assay: torch.compile failed on {what} ({type(e).__name__}: {first}); {instead}", stacklevel=stacklevel + 1)
 
 
 @contextlib.contextmanager
