@@ -179,6 +179,31 @@ def test_a_step_run_again_before_it_is_recorded_writes_the_same_cache(model_tok)
     assert once[4] == thrice[4] == ids.shape[1] and once[5] == thrice[5] == ids.shape[1] + 1
 
 
+def test_a_step_over_the_written_slots_is_the_recorded_step_over_the_whole_buffer(model_tok):
+    """`StaticDecoder.step` attends over the cache slots written so far; a recorded step (`forward_token` without a
+    span) over the whole buffer, its unwritten slots masked: the same logits and cache to rounding, the same mask."""
+    from assay.rollout.decoder import StaticDecoder
+    from assay.rollout.torch_sampler import _left_pad
+
+    model, tok = model_tok
+    ids, mask = _left_pad(TorchSampler(model, tok).encode(_prompts(4)), tok.pad_token_id)
+    grown, whole = StaticDecoder(model), StaticDecoder(model)
+    logits = grown.prefill(ids, mask, 2, 8).repeat_interleave(2, 0)
+    whole.prefill(ids, mask, 2, 8)
+    pos = mask.sum(-1, keepdim=True).repeat_interleave(2, 0)
+    for _ in range(8):
+        t = logits.argmax(-1)
+        logits, full = grown.step(t, pos), whole.forward_token(t, pos)
+        whole.slot += 1
+        torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)  # sums over fewer slots round differently
+        assert torch.equal(logits.argmax(-1), full.argmax(-1))
+        pos = pos + 1
+    assert grown.filled == ids.shape[1] + 8 == int(grown.slot)
+    for a, b in zip(grown.keys + grown.values, whole.keys + whole.values):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(grown.bias, whole.bias)
+
+
 def test_python_dash_m_assay_runs_the_command():
     out = subprocess.run([sys.executable, "-m", "assay", "reward", "list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "math" in out.stdout
@@ -186,11 +211,19 @@ def test_python_dash_m_assay_runs_the_command():
 
 @pytest.mark.slow
 def test_a_compiled_step_decodes_as_the_eager_step_on_the_cpu(model_tok):
-    """`rollout.compile`: the same greedy tokens and logprobs to rounding (Inductor's fused kernels round differently)."""
+    """`rollout.compile`: the same greedy tokens and logprobs to rounding (Inductor's fused kernels round differently);
+    the step and the draw are each compiled once, though the first step's inputs are views cut from the prompts' and
+    the step attends over a span that grows."""
+    from torch._dynamo.utils import counters
+
     model, tok = model_tok
     compiled, eager = TorchSampler(model, tok, compile=True), TorchSampler(model, tok)
+    torch._dynamo.reset()
+    frames = counters["frames"]["total"]
+    compiled.generate(_prompts(), 2, SamplingParams(10, 1.0), torch.Generator().manual_seed(0))
     params = SamplingParams(10, 0.0)
     a, b = compiled.generate(_prompts(), 2, params), eager.generate(_prompts(), 2, params)
+    assert counters["frames"]["total"] - frames == 2, "the decoding step or the draw was compiled more than once"
     assert compiled.compile and compiled.path == "static+compiled"
     assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
     assert max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.logprobs, t.logprobs)) < 1e-4

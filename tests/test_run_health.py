@@ -126,6 +126,27 @@ def test_an_unwritable_output_dir_is_one_line(tiny_model_dir, tmp_path):
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and needle in p.stderr, p.stderr
 
 
+def test_a_config_mistake_is_one_line_before_the_model_loads(tmp_path, monkeypatch):
+    """A bad task, data file or output folder is refused before the policy loads (the error in seconds, nothing made)."""
+    import assay.training.rl as rl
+
+    monkeypatch.setattr(rl, "load_policy", lambda *a, **k: pytest.fail("the policy loaded before the config was checked"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "metrics.jsonl").write_text("")
+    cases = [(["data.task=sudoku"], "unknown task 'sudoku'"),
+             (["data.task=null", f"data.path={data}", "reward=arithmetic"], "d.jsonl:2: malformed JSON line"),
+             ([f"output_dir={blocker}"], "is a file, not a folder"),
+             (["run_name=stopped"], "holds a run that stopped before its first checkpoint")]
+    for extra, needle in cases:
+        with pytest.raises(AssayError, match=needle):
+            Trainer(cfg("nowhere", tmp_path, "r", *extra))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "file", "stopped"]
+
+
 def test_options_anywhere_a_readable_model_and_a_summary_over_many_steps(tiny_model_dir, tmp_path):
     """`assay train cfg.yaml --no-progress k=v` works; weights are readable by others; the summary's reward is not one batch."""
     import os

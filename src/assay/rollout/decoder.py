@@ -6,7 +6,7 @@ attention masks, and for a dozen small modules per layer. On a CPU with a small 
 that overhead is larger than the arithmetic. `StaticDecoder` runs the same model's own
 modules and weights, but keeps keys and values in buffers sized once for the whole
 completion, fuses the q/k/v and gate/up projections into one matmul each, and attends
-with two batched matmuls over the cache buffer.
+with two batched matmuls over the slots written so far (a recorded step: the whole buffer).
 
 Left padding makes every row's prompt end in the same column, so the token generated at
 step s of every row is written to the same cache slot `P + s`; only position ids differ
@@ -133,6 +133,7 @@ class StaticDecoder:
             ))
         self.final_norm = _norm(body.norm, dtype)
         self.keys = self.values = self.bias = self.slot = None
+        self.filled = 0  # cache slots written so far (the prompts' and the steps'), counted on the host
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int, max_new_tokens: int) -> torch.Tensor:
@@ -153,6 +154,7 @@ class StaticDecoder:
         bias[:, :P].masked_fill_(mask.repeat_interleave(repeat, 0) == 1, 0.0)
         self.bias = bias
         self.slot = torch.full((1,), P, dtype=torch.long, device=ref.device)  # the cache slot the next step writes
+        self.filled = P
         self.cos, self.sin = rotary_table(self.model, ref, torch.arange(S, device=ref.device))  # every position a row can reach
         eye = torch.eye(self.head_dim, dtype=ref.dtype, device=ref.device)
         self.eye, self.swap = eye, eye.roll(self.head_dim // 2, dims=0)  # swap[i, j] = 1 where i = j + D/2 (mod D)
@@ -166,17 +168,26 @@ class StaticDecoder:
 
     @torch.no_grad()
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (`tok [A]`, position ids `pos [A, 1]`); return logits `[A, V]`."""
-        logits = self.forward_token(tok, pos)
+        """Feed one token per row (`tok [A]`, position ids `pos [A, 1]`); return logits `[A, V]`.
+
+        Attends over the slots written so far, not the whole buffer: a step late in a long completion
+        reads its cache, an early one only the prompt's (the buffer's first slots are a strided view,
+        which batched matmul reads in place)."""
+        logits = self.forward_token(tok, pos, self.filled + 1)
         self.slot += 1
+        self.filled += 1
         return logits
 
     def graphed(self, tok: torch.Tensor, pos: torch.Tensor) -> "CudaGraphStep":
         """This decoder's step recorded as a CUDA graph, with `tok`, `pos` as the first step's inputs (no rows leave afterwards)."""
         return CudaGraphStep(self, tok, pos)
 
-    def forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward_token(self, tok: torch.Tensor, pos: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """One step's computation, writing cache slot `slot` (not advanced): the body of `step` and of its CUDA graph.
+
+        `span`: how many of the cache's first slots it attends over (they must hold every written slot and this
+        step's); None, the whole buffer, as a recorded step does (one graph serves every step, so its shapes are the
+        buffer's).
 
         With `compile`, the step runs through `torch.compile` (Inductor fuses the norms, rotary
         embeddings, residual adds and activations into a few kernels); compiled once per process
@@ -185,11 +196,11 @@ class StaticDecoder:
         if self.compile:
             try:
                 with compiled_calls():
-                    return _compiled_forward()(self, tok, pos)
+                    return _compiled_forward()(self, unviewed(tok), unviewed(pos), span)
             except Exception as e:  # Inductor's failures have many types; the step still runs, eagerly
                 self.compile = False
                 compile_failed("the decoding step", "decoding eagerly", e, stacklevel=2)
-        return self._forward_token(tok, pos)
+        return self._forward_token(tok, pos, span)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _linear_t(x, weight, bias) if self.cpu_form else F.linear(x, weight, bias)
@@ -202,11 +213,11 @@ class StaticDecoder:
             return x + self.linear(h, weight, bias)
         return x.addmm_(h, weight.t())
 
-    def _forward_token(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _forward_token(self, tok: torch.Tensor, pos: torch.Tensor, span: int | None = None) -> torch.Tensor:
         body = self.model.model
         A, slot = tok.shape[0], self.slot
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
-        S, G = self.keys[0].shape[2], Hq // Hk
+        S, G = span or self.keys[0].shape[2], Hq // Hk
         linear = self.linear
         x = body.embed_tokens(tok)  # [A, H]: one row per sequence
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [A, 1, D], broadcast over heads
@@ -216,7 +227,7 @@ class StaticDecoder:
         rotation = torch.addcmul(cos * self.eye, sin, self.swap) if self.rotation_product else None  # [A, D, D]
         self.bias.index_fill_(1, slot, 0.0)  # this step's slot becomes visible
         # the mask for every (row, kv head) pair of the batched score matmul, built once per step
-        bias = self.bias[:, None, None, :].expand(A, Hk, G, S).reshape(A * Hk, G, S)
+        bias = self.bias[:, None, None, :S].expand(A, Hk, G, S).reshape(A * Hk, G, S)
         for i, (norm_in, w_qkv, b_qkv, attn, o_proj, norm_post, w_gu, b_gu, mlp, down_proj) in enumerate(self.layers):
             qkv = linear(norm_in(x), w_qkv, b_qkv).contiguous().view(A, Hq + 2 * Hk, D)
             if self.qk_norm:
@@ -227,10 +238,10 @@ class StaticDecoder:
             qk = torch.addcmul(qk * cos, qk.roll(D // 2, dims=-1), sin) if rotation is None else torch.bmm(qk, rotation)
             self.keys[i].index_copy_(2, slot, qk[:, Hq:, None])
             self.values[i].index_copy_(2, slot, qkv[:, Hq + Hk :, None])
-            # attend over the whole buffer (unwritten slots are masked): a slice along the slot
-            # axis would not be contiguous, and batched matmul would copy it at every step.
-            # Grouped-query attention without repeating keys: query heads of a kv head share a matmul.
-            keys, values = self.keys[i].view(A * Hk, S, D), self.values[i].view(A * Hk, S, D)
+            # attend over the first S slots (unwritten ones are masked): [A, Hk, :S] is one strided
+            # view [A·Hk, S, D], read in place. Grouped-query attention without repeating keys: the
+            # query heads of a kv head share a matmul.
+            keys, values = self.keys[i][:, :, :S].reshape(A * Hk, S, D), self.values[i][:, :, :S].reshape(A * Hk, S, D)
             scores = torch.baddbmm(bias, qk[:, :Hq].reshape(A * Hk, G, D), keys.transpose(1, 2), alpha=self.scale)
             probs = torch.softmax(scores, dim=-1)  # in bf16 too: computed in fp32, rounded once
             x = self.residual(x, torch.bmm(probs, values).view(A, Hq * D), *o_proj)
@@ -262,6 +273,13 @@ def compile_failed(what: str, instead: str, e: Exception, stacklevel: int) -> No
     as the caller's own `warnings.warn` would take it."""
     first = str(e).splitlines()[0] if str(e) else ""
     warnings.warn(f"assay: torch.compile failed on {what} ({type(e).__name__}: {first}); {instead}", stacklevel=stacklevel + 1)
+
+
+def unviewed(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied when it is a view of another tensor: what compiled code is given. Dynamo guards a view's base, so
+    a view in one call (the first step's inputs, cut from the prompts') and a plain tensor in the next would compile
+    the same code twice."""
+    return t if t._base is None else t.clone()
 
 
 @contextlib.contextmanager
@@ -315,4 +333,5 @@ class CudaGraphStep:
         self.pos.copy_(pos)
         self.graph.replay()
         self.decoder.slot += 1
+        self.decoder.filled += 1
         return self.logits

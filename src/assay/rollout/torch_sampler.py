@@ -28,7 +28,7 @@ import torch
 from assay.devices import generator_for, release_memory
 from assay.models.llama import supported
 from assay.rollout.base import SAMPLERS, SamplingParams, encode_prompt, pad_id, stop_ids
-from assay.rollout.decoder import StaticDecoder, cache_arg, compile_failed, compiled_calls, hf_prefill
+from assay.rollout.decoder import StaticDecoder, cache_arg, compile_failed, compiled_calls, hf_prefill, unviewed
 from assay.types import Sample, Trajectory
 from assay.vision.inputs import VisionInputs, encode_sample, has_images, placeholder_ids
 
@@ -103,7 +103,7 @@ def _fused_race(logits: torch.Tensor, race: torch.Tensor, temperature: float) ->
         with compiled_calls():
             if _COMPILED_RACE is None:
                 _COMPILED_RACE = torch.compile(_race, dynamic=True)
-            return _COMPILED_RACE(logits, race, temperature)
+            return _COMPILED_RACE(unviewed(logits), race, temperature)
     except Exception as e:  # Inductor's failures have many types; the eager draw takes the same race
         _COMPILED_RACE = False
         compile_failed("the token draw", "drawing eagerly", e, stacklevel=3)

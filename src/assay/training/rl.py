@@ -57,7 +57,7 @@ from assay.training.learner import (accumulate_step, activation_bytes_per_token,
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.old_policy import OldPolicy
 from assay.training.progress import RunProgress
-from assay.training.runs import RUN_FILE, RunResult, check_same_run, new_run_dir, read_record, run_record, write_config
+from assay.training.runs import RUN_FILE, RunResult, check_run_dir, check_same_run, new_run_dir, read_record, run_record, write_config
 from assay.vision.inputs import has_images, shuffle_pictures
 
 
@@ -69,6 +69,12 @@ class Trainer:
         check_plugins(cfg)
         self.threads = ThreadGovernor(cfg.train.threads)
         torch.manual_seed(cfg.seed)
+        # what a config, a data file or an output folder can get wrong is one line before the model loads (seconds)
+        self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
+        if resume and run_dir is None:
+            raise AssayError("--resume needs the run folder to continue")
+        if not resume:
+            self._check_run_dir(run_dir)
         self.ranks = self._join()  # one process; a `torchrun` job's ranks in `ShardedTrainer`
         self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
@@ -81,7 +87,6 @@ class Trainer:
         self.ref = None
         if cfg.algo.kl_coef > 0:  # with adapters: the same model with them off, no second copy
             self.ref = AdapterOff(self.adapter) if self.adapter is not None else copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.source: PromptSource = build_source(cfg.data, cfg.seed, cfg.train.eval_n)
         context = context_length(self.model)
         if context:
             if cfg.rollout.max_new_tokens >= context:
@@ -93,8 +98,6 @@ class Trainer:
         self.extras = build_extras(self, requirements(cfg.algo.advantage), cfg.algo.advantage)  # the critic too, when `values` is needed
         self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
         self.watch = Watch.for_run(cfg, self.source.reward)  # hacking monitors, canary; before the run folder: a bad block leaves nothing
-        if resume and run_dir is None:
-            raise AssayError("--resume needs the run folder to continue")
         self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         if cfg.cluster.ray and cfg.cluster.rollout_workers:  # generation on Ray actors (assay.cluster)
@@ -146,6 +149,10 @@ class Trainer:
 
     def _policy_dtype(self) -> str:
         return self.cfg.model.dtype
+
+    def _check_run_dir(self, folder: Path | None) -> None:
+        """Refuse, before anything loads, a run folder that `_new_run_dir` would refuse."""
+        check_run_dir(self.cfg, folder)
 
     def _new_run_dir(self, folder: Path | None) -> Path:
         return new_run_dir(self.cfg, folder)

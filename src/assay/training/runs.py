@@ -92,8 +92,9 @@ def stamped(name: str, parent: str | Path | None = None) -> str:
     return out
 
 
-def new_run_dir(cfg: Any, folder: str | Path | None = None, default_name: str | None = None) -> Path:
-    """Make the folder of a new run (`folder`, or `output_dir/run_name`); refuse one that already holds a run.
+def check_run_dir(cfg: Any, folder: str | Path | None = None, default_name: str | None = None) -> Path:
+    """The folder a new run would get (`folder`, or `output_dir/run_name`), refused in one line where it cannot hold
+    one or already holds a run; nothing is made (`new_run_dir` makes it).
 
     `cfg` is any config with `output_dir` and `run_name` (`assay train`'s, `assay rm train`'s);
     without a run name the folder is `default_name`, or the task (data file) and a time stamp.
@@ -108,6 +109,12 @@ def new_run_dir(cfg: Any, folder: str | Path | None = None, default_name: str | 
                              f"the beginning with --restart {run_dir}, or choose another run_name")
         raise AssayError(f"run folder {str(run_dir)!r} already holds a run; continue it with --resume {run_dir}, "
                          "or choose another run_name")
+    return run_dir
+
+
+def new_run_dir(cfg: Any, folder: str | Path | None = None, default_name: str | None = None) -> Path:
+    """Make the folder of a new run, as `check_run_dir` names and checks it."""
+    run_dir = check_run_dir(cfg, folder, default_name)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -78,6 +78,9 @@ class ShardedTrainer(Trainer):
     def _policy_dtype(self) -> str:
         return "float32" if self.ranks.active else self.cfg.model.dtype  # bf16 comes from FSDP2's mixed precision, over fp32 shards
 
+    def _check_run_dir(self, folder: Path | None) -> None:
+        """Nothing yet: rank 0 alone checks and makes the folder (`_new_run_dir`); the others may not see it."""
+
     def _new_run_dir(self, folder: Path | None) -> Path:
         made: Any = None
         if self.ranks.main:
