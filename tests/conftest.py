@@ -3,6 +3,7 @@ import os
 import pytest
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a Python without it (the GPU machine's) still runs the tests
 def pytest_xdist_auto_num_workers(config):
     """`pytest -n auto` (the README's test command): one worker per core this process may use, at most four, and one
     per 3 GiB of free memory (a worker holds torch and a model or two, and many tests start `assay` processes of their

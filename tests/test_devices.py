@@ -9,6 +9,7 @@ assumption CUDA-graph capture rests on (re-running a step before it is recorded 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -202,6 +203,14 @@ def test_a_step_over_the_written_slots_is_the_recorded_step_over_the_whole_buffe
     for a, b in zip(grown.keys + grown.values, whole.keys + whole.values):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert torch.equal(grown.bias, whole.bias)
+
+
+def test_the_tests_run_without_pytest_xdist():
+    """`scripts/gpu-check.sh` runs the gpu tests on a machine without pytest-xdist: the suite's conftest must load there."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "--co", "-m", "gpu",
+                          "tests/test_gpu.py"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0 and "tests collected" in out.stdout, out.stdout + out.stderr
 
 
 def test_python_dash_m_assay_runs_the_command():
