@@ -98,10 +98,32 @@ def test_stages_and_pass_vector(reward):
         "wrong_answer": fenced("a, b = map(int, input().split())\nprint(3)"),
     }
     out = reward([traj(c, ADD_STDIO) for c in cases.values()])
-    assert [r.info["stage"] for r in out] == list(cases)
+    assert [r.info["stage"] for r in out] == list(cases), [r.info for r in out]
     assert out[4].info["passed"] == [True, False] and out[4].info["case_stages"] == ["pass", "wrong_answer"]
     assert all(r.score == 0.0 for r in out)
     assert "ValueError: boom" in out[2].info["errors"][0]
+
+
+def test_a_test_that_ran_out_of_time_on_a_busy_machine_is_a_timeout():
+    """On a busy machine the whole program's deadline can stop the sandbox while a looping test is still under its
+    own CPU limit: the harness then records that test killed (SIGKILL, little CPU), or not at all. Both ran out of
+    time; a test that failed on its own before the deadline stays a runtime error. And the CPU time read back after
+    SIGXCPU can fall short of the limit the kernel counted."""
+    from assay.rewards.code_tests import Options, grade, parse_tests
+    from assay.sandbox.runner import CaseRecord, Limits, ProgramResult
+
+    groups = parse_tests(ADD_STDIO, "python", "while True:\n    pass", Limits(cpu_s=1.0), None)
+    killed, missing = CaseRecord(status="signal", sig=9, cpu=0.4), CaseRecord(status="missing")
+    crashed = CaseRecord(status="exit", rc=1, cpu=0.05)
+    stopped = grade(groups, [ProgramResult(compiled=True, cases=[killed, missing], status="timeout")], Options())
+    assert stopped.stages == ["timeout", "timeout"] and stopped.stage == "timeout"
+    ran = grade(groups, [ProgramResult(compiled=True, cases=[crashed, missing], status="timeout")], Options())
+    assert ran.stages == ["runtime_error", "timeout"] and ran.stage == "runtime_error"
+    alone = grade(groups, [ProgramResult(compiled=True, cases=[killed, crashed])], Options())
+    assert alone.stages == ["runtime_error", "runtime_error"]  # killed with no deadline passed: not a timeout
+    # SIGXCPU at the limit by the kernel's tick-sampled count, with less read back: a timeout; sent early, a crash
+    limit, early = CaseRecord(status="signal", sig=24, cpu=0.85), CaseRecord(status="signal", sig=24, cpu=0.01)
+    assert grade(groups, [ProgramResult(compiled=True, cases=[limit, early])], Options()).stages == ["timeout", "runtime_error"]
 
 
 def test_cpp_program(reward):

@@ -12,8 +12,11 @@ Stages, in order of progress: "no_code", "syntax_error", "compile_error", "runti
 reaches "wrong_answer" or "pass" only with a result: stdout that is not empty (unless the
 expected output is empty too), a complete call or expression value, or a check function that
 ran to its end against a live program. Anything else is a crash ("runtime_error"), or
-"timeout" when the test really ran out of time: the wall clock, or SIGXCPU/SIGKILL after
-spending its CPU limit (a program that sends itself SIGXCPU has crashed, not timed out).
+"timeout" when the test really ran out of time: the wall clock, the whole program's deadline,
+or SIGXCPU/SIGKILL after spending at least half its CPU limit (a program that sends itself
+SIGXCPU early has crashed, not timed out). Half, not all: the kernel sends SIGXCPU when the
+tick-sampled CPU time reaches the limit, and the precise time the parent reads back can be
+lower on a busy machine (0.96 s for a 1 s limit here, measured).
 
     >>> produced(b" \\n", "lines"), produced(b"0", "lines")
     (False, True)
@@ -131,9 +134,10 @@ class Options:
 
 
 def timed_out(rec: CaseRecord, limits: Limits) -> bool:
-    """The test really ran out of time: its wall clock, or its CPU limit (the signal alone is not enough)."""
+    """The test really ran out of time: its wall clock, or its CPU limit (the signal alone is not enough: at least
+    half the limit spent, as the precise CPU time read back can be below the kernel's tick-sampled one)."""
     cpu_limit = max(1, math.ceil(limits.cpu_s))
-    return rec.status == "timeout" or (rec.sig in (_SIGXCPU, _SIGKILL) and rec.cpu >= 0.9 * cpu_limit)
+    return rec.status == "timeout" or (rec.sig in (_SIGXCPU, _SIGKILL) and rec.cpu >= 0.5 * cpu_limit)
 
 
 def produced(stdout: bytes, whitespace: str) -> bool:
@@ -202,7 +206,9 @@ def grade(groups: list[CaseGroup], results: list[ProgramResult], opts: Options) 
             return Graded([False] * n, [stage] * n, stage, 0.0, r.compile_error[:2000])
         for rec, exp in zip(r.cases, g.expected):
             st = case_stage(rec, g.kind, exp, g.job.limits, opts)
-            if rec.status == "missing" and r.status == "timeout":
+            if r.status == "timeout" and (rec.status == "missing" or rec.sig == _SIGKILL):
+                # the whole program's deadline stopped the sandbox: a test with no record, or one the harness saw
+                # killed as the sandbox went down (on a busy machine, before the test's own CPU limit), ran out of time
                 st = "timeout"
             passed.append(st == "pass")
             stages.append(st)
