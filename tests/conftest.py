@@ -1,5 +1,3 @@
-import os
-
 import pytest
 
 
@@ -8,14 +6,16 @@ def pytest_xdist_auto_num_workers(config):
     """`pytest -n auto` (the README's test command): one worker per core this process may use, at most four, and one
     per 3 GiB of free memory (a worker holds torch and a model or two, and many tests start `assay` processes of their
     own). Most tests are single-threaded, so on two cores two workers take the suite from ~13 to ~8 minutes."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from assay.threads import cores
+
+    usable = cores()
     try:
         with open("/proc/meminfo") as f:
             free_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
         by_memory = max(1, free_kib // (3 * 2**20))
     except (OSError, StopIteration, ValueError):
-        by_memory = cores
-    return max(1, min(cores, 4, by_memory))
+        by_memory = usable
+    return max(1, min(usable, 4, by_memory))
 
 
 @pytest.fixture(scope="session")
