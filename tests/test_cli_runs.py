@@ -83,8 +83,11 @@ def test_a_signal_saves_a_checkpoint_and_resume_finishes_the_same_run(tiny_model
     stopped = trained_rows(run)
     assert 3 <= stopped < 12
     assert [c.name for c in (run / "checkpoints").iterdir()] == [f"step_{stopped:06d}"]  # the last finished step
+    saved_wall = [r["perf/wall_s"] for r in read_metrics(run / "metrics.jsonl") if r["step"] == stopped][-1]
     assay("train", "--resume", str(run), "--no-progress")
     same_run(run, reference)
+    walls = [r["perf/wall_s"] for r in read_metrics(run / "metrics.jsonl") if "perf/wall_s" in r]
+    assert walls == sorted(walls) and walls[-1] > saved_wall  # the run's time counts on over the resume
 
 
 @pytest.mark.slow  # 13-17 s: the default suite stays near ten minutes (CI runs the slow tier)

@@ -79,6 +79,13 @@ def _rows(run_dir: Path) -> dict[int, dict]:
     return rows
 
 
+def _walls(run_dir: Path) -> list[float]:
+    """`perf/wall_s` in the order the rows were written: it counts on over a resume, never from zero again."""
+    from assay.report.metrics import read_metrics
+
+    return [r["perf/wall_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "perf/wall_s" in r]
+
+
 COMMON = ("--no-progress", "train.eval_every=2", "train.eval_n=64", "train.save_every=2", "train.threads=1", "rollout.prompts_per_step=8")
 
 
@@ -96,11 +103,13 @@ def test_checkpoints_move_between_world_sizes(tmp_path):
     p = torchrun("-m", "assay", "train", "--resume", str(tmp_path / "one"), "train.steps=4", "--no-progress")
     assert p.returncode == 0, p.stderr[-2000:]
     assert sorted(_rows(tmp_path / "one")) == [0, 1, 2, 3, 4] and (tmp_path / "one" / "final" / "model.safetensors").is_file()
+    assert _walls(tmp_path / "one") == sorted(_walls(tmp_path / "one"))
     # two → two: the resumed run is the uninterrupted one, row for row
     assert torchrun("-m", "assay", "train", *COMMON, out, "run_name=whole", "train.steps=4").returncode == 0
     assert torchrun("-m", "assay", "train", *COMMON, out, "run_name=cut", "train.steps=2").returncode == 0
     assert torchrun("-m", "assay", "train", "--resume", str(tmp_path / "cut"), "train.steps=4", "--no-progress").returncode == 0
     assert _rows(tmp_path / "cut") == _rows(tmp_path / "whole")
+    assert _walls(tmp_path / "cut") == sorted(_walls(tmp_path / "cut")) and len(_walls(tmp_path / "cut")) > 4
 
 
 @pytest.mark.slow

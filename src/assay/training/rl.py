@@ -8,6 +8,7 @@ else here changes. Several processes (`torchrun`) run `ShardedTrainer` (`assay.t
 which overrides the few steps that differ. With `rollout.max_staleness` > 0 a producer thread
 makes the rollouts (`assay.training.async_rollouts`): the loop takes each step's batch from it
 instead of generating it, and publishes the weights after each update; nothing else changes.
+Saving a step and resuming from one are `Checkpoints`' (`assay.training.resume`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from assay.eval.policy import evaluate
 from assay.images.flow import configure as configure_images
 from assay.models import context_length, disable_dropout, freeze, load_policy, resolve_model_path
 from assay.models.llama import enable_checkpointing
-from assay.models.lora import AdapterOff, apply_lora, load_adapter
+from assay.models.lora import AdapterOff, apply_lora
 from assay.report.figures import heldout_figures, recent_reward, time_to_accuracy
 from assay.report.metrics import JsonlSink
 from assay.report.model_card import card_files
@@ -40,10 +40,9 @@ from assay.rewards.executor_factory import make_executor
 from assay.rollout.base import SamplingParams, make_sampler, pad_id, sampler_metrics
 from assay.rollout.multiturn import counting_off, episode_sampler
 from assay.training.checks import check_group_size, check_plugins  # noqa: F401  (check_group_size: re-exported)
-from assay.training.async_rollouts import AsyncHealth, AsyncRollouts, load_versions
-from assay.training.dist import NullSink, Ranks, load_sharded
-from assay.training.checkpoint import (STATE_FILE, clean_leftovers, extra_stem, latest_checkpoint, load_state, load_tensors, load_weights, prune_checkpoints, rng_state,
-                                    save_checkpoint, set_rng_state)
+from assay.training.async_rollouts import AsyncHealth, AsyncRollouts
+from assay.training.dist import NullSink, Ranks
+from assay.training.checkpoint import STATE_FILE, save_checkpoint
 from assay.algos import mismatch_correction, requirements
 from assay.data.selection import DynamicFilter
 from assay.training.extras import StepData, build_extras
@@ -57,11 +56,12 @@ from assay.training.learner import (accumulate_step, activation_bytes_per_token,
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.old_policy import OldPolicy
 from assay.training.progress import RunProgress
-from assay.training.runs import RUN_FILE, RunResult, check_run_dir, check_same_run, new_run_dir, read_record, run_record, write_config
+from assay.training.resume import Checkpoints
+from assay.training.runs import RunResult, check_run_dir, new_run_dir, write_config
 from assay.vision.inputs import has_images, shuffle_pictures
 
 
-class Trainer:
+class Trainer(Checkpoints):
     """Holds everything one run needs; `fit()` runs the loop."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path | None = None, resume: bool = False):
@@ -195,100 +195,6 @@ class Trainer:
     def finished(self) -> bool:
         """Every step trained, evaluated and saved, and `final/` written: nothing is left to do."""
         return self.step >= self.cfg.train.steps and self.evaluated_at == self.step and (self.run_dir / "final" / STATE_FILE).is_file()
-
-    # -- checkpoints -------------------------------------------------------------------
-    def _load_extras(self, ckpt: Path, state: dict[str, Any]) -> None:
-        """The extras' weights and state (the critic's): a torchrun job's shards, read into any number of ranks, or the
-        files one process wrote."""
-        saved = state.get("extras") or {"values": state.get("critic_optimizer")}  # checkpoints before extras had names
-        for name, extra in self.extras.items():
-            if extra.load_shards(ckpt):
-                continue
-            weights = load_tensors(ckpt, extra_stem(name)) if (ckpt / f"{extra_stem(name)}.safetensors").is_file() else None
-            extra.load(weights, saved.get(name))
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-            **self._position(), "config": self.cfg.model_dump(mode="json"), "extras": {n: e.state_dict() for n, e in self.extras.items()},
-            "health": self.health.state_dict(), "master_weights": self.weights.master_state(),
-            "async_health": self.async_health.state_dict(), "wall_s": self._wall(),
-            "monitor": self.watch.state_dict(),
-        }
-
-    def _position(self) -> dict[str, Any]:
-        """Data position, group selection and the run's random stream before the next batch is generated: now, or, with
-        a producer that has run ahead, as it recorded them before that batch (the global RNGs are the learner's, now)."""
-        if self.async_ is None:
-            return {"data": self.source.state_dict(), "rng": rng_state(self.generator), "selection": self.picker.state_dict()}
-        pos = self.async_.position(self.step)
-        return {"data": pos["data"], "rng": {**rng_state(), "sampler": pos["rng"]["sampler"]}, "selection": pos["selection"]}
-
-    def _wall(self) -> float:
-        """Seconds this run has been running (over every resume), evaluations and checkpoints included."""
-        return self._wall_offset + time.perf_counter() - self._wall_t0
-
-    def save(self) -> Path:
-        """A checkpoint of the current (finished) step; the oldest beyond `train.keep_checkpoints` go."""
-        tensors = {extra_stem(n): t for n, e in self.extras.items() if (t := e.tensors()) is not None}
-        if self.async_ is not None:  # the older weights that batches still to be generated sample with
-            tensors.update(self.async_.version_tensors(self.step))
-        if self.old is not None:
-            tensors.update(self.old.tensors())
-        record = json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1)
-        self.sink.sync()
-        self.samples.sync()
-        self.trackers.flush()
-        folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.saved_model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
-        prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
-        self._saved_at = self.step
-        return folder
-
-    def _resume(self) -> None:
-        clean_leftovers(self.ckpt_dir)
-        ckpt = latest_checkpoint(self.ckpt_dir)
-        if ckpt is None:
-            raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
-        record = read_record(ckpt)
-        check_same_run(record["config"], self.cfg)
-        if self.cfg.train.steps < record["step"]:
-            raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
-        state = load_state(ckpt)
-        if (ckpt / "dcp").is_dir():  # written by a torchrun job (`assay.training.sharded`): its shards, read whole
-            load_sharded(ckpt, self.model, self.opt, trainable_only=self.adapter is not None)
-        else:
-            if self.adapter is not None:
-                load_adapter(self.adapter, ckpt)
-            else:
-                load_weights(self.model, ckpt)
-            if self.ref is not None and hasattr(self.model, "tie_weights"):
-                self.model.tie_weights()
-            self.weights.load_master(state.get("master_weights"))
-            self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        self._restore({"data": state["data"], "selection": state.get("selection", state.get("sampling")), "rng": state["rng"]})
-        self._load_extras(ckpt, state)
-        if self.old is not None:
-            self.old.load(ckpt, state["step"])
-        if state.get("health") is not None:
-            self.health.load_state_dict(state["health"])
-        if state.get("async_health") is not None:
-            self.async_health.load_state_dict(state["async_health"])
-        self.watch.load_state_dict(state.get("monitor"))
-        self.resumed_versions = load_versions(ckpt)
-        self._wall_offset = state.get("wall_s", 0.0)
-        self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
-        self.sampler.update_weights(self.model, self.step)
-
-    def _snapshot(self) -> dict[str, Any]:
-        """What generating a step's rollouts changes (data position, group samplers, RNG), to put back on an interrupt."""
-        return {"data": self.source.state_dict(), "selection": copy.deepcopy(self.picker.state_dict()), "rng": rng_state(self.generator)}
-
-    def _restore(self, snap: dict[str, Any]) -> None:
-        self.source.load_state_dict(snap["data"])
-        if snap["selection"] is not None:  # absent from checkpoints written before group selection existed
-            self.picker.load_state_dict(copy.deepcopy(snap["selection"]))
-        set_rng_state(snap["rng"], self.generator)
 
     # -- one step ----------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:

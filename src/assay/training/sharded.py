@@ -46,13 +46,11 @@ from assay.errors import AssayError
 from assay.models import save_tokenizer
 from assay.models.llama import supported
 from assay.models.lora import load_adapter
-from assay.training.checkpoint import (STATE_FILE, _remove, clean_leftovers, extra_stem, latest_checkpoint, load_state, prune_checkpoints,
-                                       rng_state)
-from assay.training.dist import (Ranks, full_state, full_weights, load_full_state, load_sharded, named_optimizer_state, save_sharded, shard,
-                                 weighted_mean)
+from assay.training.checkpoint import STATE_FILE, _remove, clean_leftovers, extra_stem, prune_checkpoints, rng_state
+from assay.training.dist import Ranks, full_state, full_weights, load_full_state, named_optimizer_state, save_sharded, shard, weighted_mean
 from assay.training.learner import accumulate_step, policy_step
 from assay.training.rl import Trainer
-from assay.training.runs import RUN_FILE, check_same_run, new_run_dir, read_record, run_record
+from assay.training.runs import RUN_FILE, new_run_dir, run_record
 
 
 def _rng_file(rank: int) -> str:
@@ -243,44 +241,35 @@ class ShardedTrainer(Trainer):
         self._saved_at = self.step
         return folder
 
-    def _resume(self) -> None:
-        if not self.ranks.active:
-            return super()._resume()
+    def _clean_checkpoints(self) -> None:
         if self.ranks.main:
             clean_leftovers(self.ckpt_dir)
         self.ranks.barrier()
-        ckpt = latest_checkpoint(self.ckpt_dir)
-        if ckpt is None:
-            raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
-        record = read_record(ckpt)
-        check_same_run(record["config"], self.cfg)
-        if self.cfg.train.steps < record["step"]:
-            raise AssayError(f"--resume: train.steps={self.cfg.train.steps} is below the {record['step']} steps the run has already trained")
-        state = load_state(ckpt)
-        if (ckpt / "dcp").is_dir():
-            load_sharded(ckpt, self.model, self.opt, trainable_only=self.adapter is not None)
-        else:  # a single process wrote it: its whole weights (a LoRA run's adapter) and AdamW state, spread over the ranks
-            from safetensors.torch import load_file
 
-            if self.adapter is not None:
-                model, adapter = self._fresh_lora()
-                load_adapter(adapter, ckpt)
-                weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-            else:
-                weights = load_file(ckpt / "model.safetensors")
-            load_full_state(self.model, self.opt, weights, named_optimizer_state(self.model, state["optimizer"]))
-        self.sched.load_state_dict(state["scheduler"])
+    def _load_policy(self, ckpt: Path, state: dict[str, Any]) -> None:
+        if not self.ranks.active or (ckpt / "dcp").is_dir():
+            return super()._load_policy(ckpt, state)
+        # a single process wrote it: its whole weights (a LoRA run's adapter) and AdamW state, spread over the ranks
+        from safetensors.torch import load_file
+
+        if self.adapter is not None:
+            model, adapter = self._fresh_lora()
+            load_adapter(adapter, ckpt)
+            weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+        else:
+            weights = load_file(ckpt / "model.safetensors")
+        load_full_state(self.model, self.opt, weights, named_optimizer_state(self.model, state["optimizer"]))
+
+    def _saved_rng(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's own stream where the checkpoint's run had this rank; a rank it did not have starts its own from
+        the checkpoint's step (the global streams are rank 0's)."""
         own = ckpt / _rng_file(self.ranks.rank)
-        rng = torch.load(own, weights_only=False) if own.is_file() else None
-        self._restore({"data": state["data"], "selection": state.get("selection"), "rng": rng or state["rng"]})
-        if rng is None and self.ranks.rank:  # a rank the checkpoint's run did not have: its own stream from here
-            self.generator.manual_seed(self._stream_seed() + record["step"])
-        self._load_extras(ckpt, state)
-        if state.get("health") is not None:
-            self.health.load_state_dict(state["health"])
-        self.watch.load_state_dict(state.get("monitor"))
-        self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
-        self.sampler.update_weights(self.model, self.step)
+        if own.is_file():
+            return torch.load(own, weights_only=False)
+        if not self.ranks.rank:
+            return state["rng"]
+        fresh = torch.Generator(device="cpu").manual_seed(self._stream_seed() + state["step"])  # the run's stream is on the CPU
+        return {**state["rng"], "sampler": fresh.get_state()}
 
     def _wrap_up(self, last: dict[str, float], bar) -> dict[str, Any]:
         if not self.ranks.active:
