@@ -218,6 +218,29 @@ def test_python_dash_m_assay_runs_the_command():
     assert out.returncode == 0 and "math" in out.stdout
 
 
+def test_a_machine_with_its_own_torch_build_keeps_it(tmp_path):
+    """`pip install -e .` on a GPU machine whose Python already has a CUDA build of torch (2.11+cu130 on the one tried)
+    leaves that torch in place: pip, offline, resolves assay's declared requirements against an environment where that
+    build comes first and would install nothing. An exact pin (`torch==2.13.0`) fails this: pip would replace it."""
+    import json
+    import os
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    requirements = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    info = tmp_path / "site" / "torch-2.11.0+cu130.dist-info"  # the metadata pip reads of an installed distribution
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu130\n")
+    (info / "RECORD").write_text("")
+    report = tmp_path / "report.json"
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--disable-pip-version-check", "--quiet",
+                          "--report", str(report), *requirements], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert out.returncode == 0, out.stdout + out.stderr
+    would_install = [i["metadata"]["name"] for i in json.loads(report.read_text())["install"]]
+    assert "torch" not in would_install, would_install
+
+
 @pytest.mark.slow
 def test_a_compiled_step_decodes_as_the_eager_step_on_the_cpu(model_tok):
     """`rollout.compile`: the same greedy tokens and logprobs to rounding (Inductor's fused kernels round differently);
