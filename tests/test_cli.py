@@ -123,6 +123,54 @@ def test_a_field_mapped_to_a_missing_column_is_one_line(tmp_path):
     assert build_source(DataConfig(path=str(data), fields={"prompt": "question"}), 0, 5).heldout[0].answer is not None
 
 
+def test_json_files_in_the_layouts_other_tools_write_are_read(tmp_path):
+    """A `.json` file is read as `datasets` reads one: JSON Lines, an array of objects (Alpaca's layout, pretty-printed
+    or on one line), or an object of columns; a byte-order mark (Windows' UTF-8) is skipped, gzipped files too.
+    What is none of these is one line naming the file (and the line of a syntax error)."""
+    import gzip
+
+    from assay.data.datasets import read_rows
+    from assay.errors import AssayError
+
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), "tests": [i, i]} for i in range(3)]
+    columns = {k: [r[k] for r in rows] for k in rows[0]}
+    layouts = {
+        "lines.json": "\n".join(json.dumps(r) for r in rows),
+        "array.json": json.dumps(rows, indent=2),
+        "one-line-array.json": json.dumps(rows),
+        "columns.json": json.dumps(columns, indent=1),
+        "bom.jsonl": "\ufeff" + "\r\n".join(json.dumps(r) for r in rows) + "\r\n",
+        "bom-array.json": "\ufeff" + json.dumps(rows, indent=2),
+    }
+    for name, text in layouts.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        assert read_rows(str(tmp_path / name)) == rows, name
+    with gzip.open(tmp_path / "array.json.gz", "wt") as f:
+        f.write(json.dumps(rows, indent=2))
+    assert read_rows(str(tmp_path / "array.json.gz")) == rows
+    # a one-line object whose values are lists is one row, as JSON Lines (a conversation prompt is a list)
+    (tmp_path / "row.json").write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "answer": ["4"]}))
+    assert read_rows(str(tmp_path / "row.json")) == [{"prompt": [{"role": "user", "content": "hi"}], "answer": ["4"]}]
+    bad = {
+        "broken.json": ('[\n  {"prompt": "a"},\n  {"prompt": }\n]', "broken.json:3: malformed JSON"),
+        "scalars.json": ('[{"prompt": "a"}, 3]', "item 1 of the array is a int"),
+        "ragged.json": ('{\n "prompt": ["a", "b"],\n "answer": ["1"]\n}', "an object of columns (lists of equal length)"),
+        "lines-bad.json": ('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": \n', "lines-bad.json:3: malformed JSON line"),
+        "array.jsonl": (json.dumps(rows, indent=2), "array.jsonl:1: malformed JSON line"),  # .jsonl means JSON Lines
+    }
+    for name, (text, needle) in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(AssayError) as e:
+            read_rows(str(tmp_path / name))
+        assert needle in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+    # through the command: `assay eval --data` on an Alpaca-style array
+    (tmp_path / "alpaca.json").write_text(json.dumps([{"instruction": f"{i}+{i}=", "output": str(2 * i)} for i in range(4)], indent=4))
+    p = assay("eval", "--data", str(tmp_path / "alpaca.json"), "--fields", "{prompt: instruction, answer: output}", "--reward", "arithmetic",
+              "--n", "4", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["n"] == 4
+
+
 def test_a_data_file_names_the_run_and_nested_columns_are_read(tmp_path, tiny_model_dir):
     """verl's parquet layout (the reference in `reward_model.ground_truth`), with data.task left at its default: the
     run trains on the file and says so (folder, summary, report), never "task: arithmetic"."""

@@ -1,4 +1,4 @@
-"""Prompt sources: a built-in task or user data (JSONL, Parquet, or a `datasets` folder).
+"""Prompt sources: a built-in task or user data (JSONL or JSON, Parquet, or a `datasets` folder).
 
 A row's prompt is plain text or a conversation (a list of `{"role", "content"}` messages,
 the layout TRL, verl and the Hub's RL datasets use); a standard layout (`data.format`) is
@@ -31,15 +31,12 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """`(line number, row)` for each non-blank line of a JSONL file, read as it goes.
 
     A missing file, a line that is not JSON, or one that is not an object is one
-    `AssayError` that names the file and the line.
+    `AssayError` that names the file and the line. A byte-order mark before the first line
+    (as Windows tools write UTF-8) is skipped.
     """
-    try:
-        f = gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
-    except OSError as e:
-        raise AssayError(f"cannot read {path}: {e.strerror}") from None
-    with f:
+    with _open_data(path) as f:
         for lineno, raw in enumerate(f, 1):
-            line = raw.decode("utf-8", errors="replace").strip()
+            line = raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
             if not line:
                 continue
             try:
@@ -51,9 +48,48 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, row
 
 
+def _open_data(path: str | Path):
+    """A data file opened for reading bytes, gunzipped when its name ends in `.gz`; a missing file is one line."""
+    try:
+        return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
+    except OSError as e:
+        raise AssayError(f"cannot read {path}: {e.strerror}") from None
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a JSONL file (see `iter_jsonl`)."""
     return [row for _, row in iter_jsonl(path)]
+
+
+def read_json(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a `.json` file, read as Hugging Face `datasets`' JSON loader reads one: JSON Lines if every line is an
+    object, else one document, either an array of objects (Alpaca's and many exports' layout) or an object of columns
+    (lists of equal length). What is neither is one line naming the file, and the line for a syntax error."""
+    try:
+        return read_jsonl(path)
+    except AssayError as lines_error:
+        with _open_data(path) as f:
+            try:
+                text = f.read().decode("utf-8", errors="replace").lstrip("\ufeff")
+            except (OSError, EOFError) as e:
+                raise AssayError(f"cannot read {path}: {e}") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            if text.lstrip().startswith("["):
+                raise AssayError(f"{path}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            raise lines_error from None
+    if isinstance(doc, list):
+        for i, row in enumerate(doc):
+            if not isinstance(row, dict):
+                raise AssayError(f"{path}: item {i} of the array is a {type(row).__name__}; expected a JSON object per row")
+        return doc
+    if isinstance(doc, dict) and doc and all(isinstance(v, list) for v in doc.values()):
+        lengths = {len(v) for v in doc.values()}
+        if len(lengths) == 1:
+            return [dict(zip(doc, values)) for values in zip(*doc.values())]
+    raise AssayError(f"{path}: one JSON {type(doc).__name__} that is not rows; a .json file holds JSON Lines, an array of "
+                     "objects, or an object of columns (lists of equal length)")
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
@@ -71,8 +107,10 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"] if "train" in ds else next(iter(ds.values()))
         return [dict(r) for r in ds]
-    if p.suffix in (".jsonl", ".json") or "".join(p.suffixes[-2:]) in (".jsonl.gz", ".json.gz"):
+    if p.suffix == ".jsonl" or "".join(p.suffixes[-2:]) == ".jsonl.gz":
         return read_jsonl(p)
+    if p.suffix == ".json" or "".join(p.suffixes[-2:]) == ".json.gz":
+        return read_json(p)
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
