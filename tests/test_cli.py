@@ -171,6 +171,42 @@ def test_json_files_in_the_layouts_other_tools_write_are_read(tmp_path):
     assert json.loads(p.stdout)["n"] == 4
 
 
+def test_csv_files_as_spreadsheets_and_pandas_write_them_are_read(tmp_path):
+    """A header row, quoted cells with commas, quotes and newlines, Windows line ends and byte-order mark, an empty cell
+    (None, as `datasets` reads it), gzipped; a row wider than the header and a header without names are one line."""
+    import csv
+    import gzip
+
+    from assay.data.datasets import read_rows
+    from assay.errors import AssayError
+
+    rows = [{"question": 'Say "hi", then 2+2=', "answer": "4", "note": None},
+            {"question": "line one\nline two: 3+3=", "answer": "6", "note": "x" * 200_000}]
+    with open(tmp_path / "excel.csv", "w", newline="", encoding="utf-8-sig") as f:  # Excel's "CSV UTF-8": BOM, CRLF
+        w = csv.writer(f)
+        w.writerow(["question", "answer", "note"])
+        w.writerows([[r["question"], r["answer"], r["note"] or ""] for r in rows])
+    assert read_rows(str(tmp_path / "excel.csv")) == rows
+    text = (tmp_path / "excel.csv").read_bytes()
+    assert text.startswith(b"\xef\xbb\xbf") and b"\r\n" in text
+    with gzip.open(tmp_path / "excel.csv.gz", "wb") as f:
+        f.write(text)
+    assert read_rows(str(tmp_path / "excel.csv.gz")) == rows
+    (tmp_path / "short.csv").write_text("prompt,answer,id\n1+1=,2\n\n2+2=,4,7\n")  # a short row's missing cells are empty
+    assert read_rows(str(tmp_path / "short.csv")) == [{"prompt": "1+1=", "answer": "2", "id": None}, {"prompt": "2+2=", "answer": "4", "id": "7"}]
+    bad = {"wide.csv": ("prompt,answer\n1+1=,2\n2+2=,4,extra\n", "wide.csv:3: 3 cells under a header of 2 columns"),
+           "unnamed.csv": ("prompt,,answer\na,b,c\n", "unnamed.csv:1: the header needs a distinct name"),
+           "twice.csv": ("prompt,prompt\na,b\n", "twice.csv:1: the header needs a distinct name"),
+           "empty.csv": ("", "empty CSV file")}
+    for name, (text, needle) in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(AssayError) as e:
+            read_rows(str(tmp_path / name))
+        assert needle in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+    p = assay("eval", "--data", str(tmp_path / "short.csv"), "--reward", "arithmetic", "--n", "2", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["n"] == 2, p.stderr
+
+
 def test_a_data_file_names_the_run_and_nested_columns_are_read(tmp_path, tiny_model_dir):
     """verl's parquet layout (the reference in `reward_model.ground_truth`), with data.task left at its default: the
     run trains on the file and says so (folder, summary, report), never "task: arithmetic"."""

@@ -433,7 +433,7 @@ def _eval_parser(sub) -> None:
     e.add_argument("--model", default=None, help="bundled model name or Hugging Face folder (default: the run's final/ with --run, else tiny-arith)")
     e.add_argument("--task", default=None, help="built-in task name (default arithmetic)")
     e.add_argument("--task-args", default=None, help="task arguments as YAML or JSON, for example '{terms: 3}'")
-    e.add_argument("--data", default=None, metavar="FILE", help="a JSONL or JSON file (gzipped too), a Parquet file or a datasets folder to evaluate "
+    e.add_argument("--data", default=None, metavar="FILE", help="a JSONL, JSON or CSV file (gzipped too), a Parquet file or a datasets folder to evaluate "
                    "(needs --reward or --format)")
     e.add_argument("--fields", default=None, help="column mapping for --data, as in training: '{prompt: question, answer: solution}'")
     e.add_argument("--format", default=None, help="the layout of --data: gsm8k, math, mbpp, humaneval, apps (brings its reward; docs/data.md)")

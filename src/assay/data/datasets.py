@@ -1,4 +1,4 @@
-"""Prompt sources: a built-in task or user data (JSONL or JSON, Parquet, or a `datasets` folder).
+"""Prompt sources: a built-in task or user data (JSONL, JSON or CSV, Parquet, or a `datasets` folder).
 
 A row's prompt is plain text or a conversation (a list of `{"role", "content"}` messages,
 the layout TRL, verl and the Hub's RL datasets use); a standard layout (`data.format`) is
@@ -93,7 +93,8 @@ def read_json(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
-    """Rows of a `.jsonl`/`.json` file (or either gzipped), a `.parquet` file, or a `datasets` folder saved with `save_to_disk`."""
+    """Rows of a `.jsonl`/`.json`/`.csv` file (or any of them gzipped), a `.parquet` file, or a `datasets` folder saved with
+    `save_to_disk`."""
     p = Path(path)
     if not p.exists():
         raise AssayError(f"data path {path!r} does not exist")
@@ -118,7 +119,41 @@ def read_rows(path: str) -> list[dict[str, Any]]:
             return pq.read_table(p).to_pylist()
         except Exception as e:  # pyarrow raises several types for a corrupt file
             raise AssayError(f"cannot read parquet file {path!r}: {e}") from None
-    raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json (gzipped too), .parquet, or a datasets folder")
+    if p.suffix == ".csv" or "".join(p.suffixes[-2:]) == ".csv.gz":
+        return read_csv(p)
+    raise AssayError(f"data file {path!r}: unsupported format {p.suffix!r}; allowed: .jsonl, .json, .csv (gzipped too), .parquet, "
+                     "or a datasets folder")
+
+
+def read_csv(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a CSV file with a header row (Excel's and pandas' `to_csv` layout; a byte-order mark is skipped). A value
+    is the string written, and an empty or missing cell None, as `datasets` reads one (a reward that needs numbers reads
+    them from the text). A row with more cells than the header, or a header with an empty or repeated name, is one line
+    naming the file and the line."""
+    import csv
+    import io
+
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))  # a whole program or document in one cell
+    with _open_data(path) as f:
+        text = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
+        reader = csv.reader(text)
+        try:
+            header = next(reader, None)
+            if not header:
+                raise AssayError(f"{path}: empty CSV file; the first line names the columns")
+            named = [h.strip() for h in header]
+            if not all(named) or len(set(named)) != len(named):
+                raise AssayError(f"{path}:1: the header needs a distinct name for each column, got {header}")
+            rows = []
+            for cells in reader:
+                if not any(c.strip() for c in cells):
+                    continue
+                if len(cells) > len(named):
+                    raise AssayError(f"{path}:{reader.line_num}: {len(cells)} cells under a header of {len(named)} columns")
+                rows.append({name: (cell if cell != "" else None) for name, cell in zip(named, cells + [""] * (len(named) - len(cells)))})
+        except csv.Error as e:
+            raise AssayError(f"{path}:{reader.line_num}: malformed CSV ({e})") from None
+    return rows
 
 
 

@@ -1,6 +1,6 @@
 """Preference files in the layouts TRL and the Hub use, read and tokenised for training.
 
-Read from JSONL or JSON (gzipped too), Parquet or a `datasets` folder (`assay.data.datasets.read_rows`);
+Read from JSONL, JSON or CSV (gzipped too), Parquet or a `datasets` folder (`assay.data.datasets.read_rows`);
 columns are renamed with a field mapping (`{prompt: question, chosen: good}`; a dotted name
 reads a nested column). The layout is that of the first row:
 

@@ -1,7 +1,7 @@
 """Preference data for reward models: pairs to train on, comparisons to evaluate.
 
 A row holds a prompt, a chosen response and a rejected one. Three layouts are read as
-they are, from JSONL or JSON (gzipped too), Parquet or a `datasets` folder (`assay.data.datasets.read_rows`):
+they are, from JSONL, JSON or CSV (gzipped too), Parquet or a `datasets` folder (`assay.data.datasets.read_rows`):
 
 * pairwise rows: `{prompt, chosen, rejected}` with strings (RewardBench's own layout);
 * RewardBench 2 rows: `{prompt, chosen: [..], rejected: [..]}`, lists of responses, where
