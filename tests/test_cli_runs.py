@@ -147,6 +147,56 @@ def test_the_readmes_not_yet_list_is_true_to_the_code():
         assert not re.search(marker, code), f"{feature}: its code is in src/ now; take it off the README's not-yet list"
 
 
+def test_a_damaged_checkpoint_is_passed_over_and_the_run_resumes_from_an_older_one(tiny_model_dir, tmp_path, reference):
+    """The newest checkpoint's optimizer state has a changed byte and the next one's weights are cut short (a copy that
+    stopped, a host that lost power): resume warns once for each, continues from the one before, and the run ends as
+    the uninterrupted one, bit for bit. With none whole, one line naming the newest one's damage."""
+    run = tmp_path / "dmg"
+    assay("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=dmg", "train.steps=6", "train.save_every=2",
+          "train.keep_checkpoints=3", "--no-progress", *RUN)
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002", "step_000004", "step_000006"]
+    state = ckpts / "step_000006" / "trainer_state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit inside a record: the archive still opens, its checksum does not match
+    state.write_bytes(bytes(data))
+    weights_file = ckpts / "step_000004" / "model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:-1000])
+    p = assay("train", "--resume", str(run), "train.steps=12", "--no-progress")
+    warned = [line for line in p.stderr.splitlines() if "is damaged" in line]
+    assert len(warned) == 2 and "step_000006" in warned[0] and "trainer_state.pt" in warned[0], p.stderr
+    assert "step_000004" in warned[1] and "model.safetensors" in warned[1]
+    assert "Traceback" not in p.stderr
+    same_run(run, reference)  # from step 2: the rows after it written again, none lost or doubled
+    for ckpt in [c for c in ckpts.iterdir() if c.name.startswith("step_")]:
+        (ckpt / "trainer_state.pt").write_bytes((ckpt / "trainer_state.pt").read_bytes()[:100])
+    p = assay("train", "--resume", str(run), "train.steps=14", check=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "reads back whole" in p.stderr and "trainer_state.pt" in p.stderr, p.stderr
+
+
+def test_what_makes_a_checkpoint_damaged(tiny_model_dir, tmp_path):
+    """`damage` names the file that does not read back whole, and says nothing of a checkpoint as it was written."""
+    import shutil
+
+    import torch
+
+    from assay.models import load_policy
+    from assay.training.checkpoint import damage, save_checkpoint
+
+    model, tok = load_policy(str(tiny_model_dir), torch.device("cpu"), "float32", None)
+    whole = save_checkpoint(tmp_path / "step_000001", model, tok, {"step": 1, "w": torch.arange(1000.0)}, {"critic": {"v": torch.ones(8)}},
+                            {"run.json": '{"step": 1}'})
+    assert damage(whole) is None and not list(tmp_path.glob(".tmp-*"))
+    cases = {"run.json": lambda b: b[:-3], "critic.safetensors": lambda b: b[:-4], "trainer_state.pt": lambda b: b[: len(b) // 2],
+             "model.safetensors": lambda b: b + b"x"}
+    for name, cut in cases.items():
+        folder = tmp_path / f"bad-{name}"
+        shutil.copytree(whole, folder)
+        (folder / name).write_bytes(cut((folder / name).read_bytes()))
+        what = damage(folder)
+        assert what is not None and what.startswith(f"{name}: "), (name, what)
+
+
 def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
     p = assay("train", "--resume", str(tmp_path / "nope"), check=False)
     assert p.returncode == 2 and "does not exist" in p.stderr

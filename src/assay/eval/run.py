@@ -27,12 +27,12 @@ def _run_config(run: str):
 
 
 def _run_model(run: str) -> str:
-    from assay.training.checkpoint import latest_checkpoint
+    from assay.training.checkpoint import resumable_checkpoint
 
     final = Path(run) / "final"
     if (final / "config.json").is_file() or (final / "adapter_config.json").is_file():
         return str(final)
-    ckpt = latest_checkpoint(Path(run) / "checkpoints")
+    ckpt = resumable_checkpoint(Path(run) / "checkpoints")
     if ckpt is None:
         raise AssayError(f"--run: {run!r} has neither final/ nor a finished checkpoint to evaluate")
     return str(ckpt)

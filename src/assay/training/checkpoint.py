@@ -1,10 +1,11 @@
 """Checkpoints in Hugging Face format, with optimizer, scheduler, data and RNG state.
 
-A checkpoint is written to a temporary folder and renamed into place, and an old one is
-renamed out of the way before it is deleted, so an interruption at any moment (SIGKILL
-included) never leaves a half-written or half-deleted folder under a checkpoint's name.
-Leftovers of an interrupted write or delete start with a dot and are removed by
-`clean_leftovers`.
+A checkpoint is written to a temporary folder, synced to the disk and renamed into place, and an
+old one is renamed out of the way before it is deleted, so an interruption at any moment (SIGKILL,
+or the host losing power) never leaves a half-written or half-deleted folder under a checkpoint's
+name. Leftovers of an interrupted write or delete start with a dot and are removed by
+`clean_leftovers`. A resume takes the newest checkpoint whose files read back whole
+(`resumable_checkpoint`), passing over one damaged after it was written.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from assay.devices import to_cpu
 from assay.errors import AssayError
+from assay.log import log
 
 STATE_FILE = "trainer_state.pt"
 
@@ -74,10 +76,38 @@ def save_checkpoint(folder: Path, model, tokenizer, state: dict[str, Any], tenso
     mode = 0o666 & ~_umask()
     for p in tmp.iterdir():
         p.chmod(mode)  # as the user's umask says (safetensors' own writer makes 0600 files)
+    publish(tmp, folder)
+    return folder
+
+
+def publish(tmp: Path, folder: Path) -> None:
+    """Put the finished folder `tmp` in place as `folder`, durably: its files reach the disk before the rename, and
+    the rename before the caller goes on (to prune older checkpoints), so a host that loses power keeps either the
+    old checkpoint or the new one whole, never a renamed folder of files the disk never got."""
+    sync_tree(tmp)
     if folder.exists():
         _remove(folder)
     os.replace(tmp, folder)
-    return folder
+    _fsync(folder.parent)
+
+
+def sync_tree(folder: Path) -> None:
+    """`fsync` every file and folder under `folder` (a filesystem that cannot sync a folder is let be)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            _fsync(Path(root) / name)
+        _fsync(Path(root))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a folder (EINVAL); the files themselves were synced
+        if not path.is_dir():
+            raise
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:
@@ -103,10 +133,74 @@ def clean_leftovers(ckpt_dir: Path) -> None:
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest finished checkpoint folder (`step_NNNNNN`) under `ckpt_dir`, if any."""
+    return next(iter(finished_checkpoints(ckpt_dir)), None)
+
+
+def finished_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """The finished checkpoint folders under `ckpt_dir` (those with `trainer_state.pt`, written last), newest first."""
     if not ckpt_dir.is_dir():
-        return None
+        return []
     done = [p for p in ckpt_dir.glob("step_*") if (p / STATE_FILE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+    return sorted(done, key=lambda p: int(p.name.split("_")[1]), reverse=True)
+
+
+def resumable_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest finished checkpoint whose files read back whole (`damage`), for a run to continue from.
+
+    A newer one that does not (a file cut short by a host that lost power before the disk had it, a copy that
+    stopped half-way, a byte changed) is passed over with one warning naming it and what is wrong; it stays where
+    it is, and the resumed run writes that step again when it gets there. With none whole, one line naming the
+    newest one's damage."""
+    found, damaged = finished_checkpoints(ckpt_dir), []
+    for ckpt in found:
+        what = damage(ckpt)
+        if what is None:
+            for bad, why in damaged:
+                if str(bad) not in _WARNED:  # the command reads the config from it, then the trainer resumes: one warning
+                    _WARNED.add(str(bad))
+                    log.warning(f"checkpoint {bad} is damaged ({why}); taking {ckpt.name}, the newest one that is whole")
+            return ckpt
+        damaged.append((ckpt, what))
+    if found:
+        raise AssayError(f"no checkpoint under {ckpt_dir} reads back whole; the newest, {found[0].name}: {damaged[0][1]}")
+    return None
+
+
+_WARNED: set[str] = set()
+_SOUND: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) of the files `damage` has read whole in this process
+
+
+def damage(folder: Path) -> str | None:
+    """What in a finished checkpoint folder does not read back whole, or None: `run.json` that is not JSON, a
+    `.safetensors` file shorter than its header says, `trainer_state.pt` (a zip archive with a CRC-32 per record) cut
+    short or with a record whose checksum does not match. Each file is read once per process."""
+    import json
+    import zipfile
+
+    for path in sorted(Path(folder).iterdir()):
+        if not path.is_file() or path.suffix not in (".json", ".safetensors", ".pt"):
+            continue
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in _SOUND:
+            continue
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_bytes())
+            elif path.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(path), framework="pt"):
+                    pass
+            else:
+                with zipfile.ZipFile(path) as archive:
+                    bad = archive.testzip()
+                if bad is not None:
+                    return f"{path.name}: the checksum of its record {bad!r} does not match"
+        except Exception as e:  # json, safetensors and zipfile each raise their own types for a file cut short
+            return f"{path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        _SOUND.add(key)
+    return None
 
 
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:

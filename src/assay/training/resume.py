@@ -18,8 +18,8 @@ from typing import Any
 from assay.errors import AssayError
 from assay.models.lora import load_adapter
 from assay.training.async_rollouts import load_versions
-from assay.training.checkpoint import (clean_leftovers, extra_stem, latest_checkpoint, load_state, load_tensors, load_weights, prune_checkpoints,
-                                       rng_state, save_checkpoint, set_rng_state)
+from assay.training.checkpoint import (clean_leftovers, extra_stem, load_state, load_tensors, load_weights, prune_checkpoints,
+                                       resumable_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from assay.training.dist import load_sharded
 from assay.training.runs import RUN_FILE, check_same_run, read_record, run_record
 
@@ -70,7 +70,7 @@ class Checkpoints:
     def _resume(self) -> None:
         """Continue from the latest finished checkpoint exactly where its step left off."""
         self._clean_checkpoints()
-        ckpt = latest_checkpoint(self.ckpt_dir)
+        ckpt = resumable_checkpoint(self.ckpt_dir)
         if ckpt is None:
             raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
         record = read_record(ckpt)

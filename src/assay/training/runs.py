@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from assay.config import RunConfig, apply_override, explain
 from assay.errors import AssayError
-from assay.training.checkpoint import latest_checkpoint, load_state
+from assay.training.checkpoint import latest_checkpoint, load_state, resumable_checkpoint
 
 
 @dataclass
@@ -138,7 +138,7 @@ def resumed_config(run_dir: str | Path, overrides: list[str] | None, safe: tuple
     if not is_run_folder(run_dir):
         raise AssayError(f"--resume: {str(run_dir)!r} is not a run folder (no config.yaml, metrics.jsonl or checkpoints/ in it); "
                          "give the folder a run wrote, output_dir/run_name")
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    ckpt = resumable_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise AssayError(f"--resume: the run in {str(run_dir)!r} stopped before its first checkpoint, so there is nothing to continue; "
                          f"start it again from the beginning with --restart {run_dir}")

@@ -46,7 +46,7 @@ from assay.errors import AssayError
 from assay.models import save_tokenizer
 from assay.models.llama import supported
 from assay.models.lora import load_adapter
-from assay.training.checkpoint import STATE_FILE, _remove, clean_leftovers, extra_stem, prune_checkpoints, rng_state
+from assay.training.checkpoint import STATE_FILE, clean_leftovers, extra_stem, prune_checkpoints, publish, rng_state
 from assay.training.dist import Ranks, full_state, full_weights, load_full_state, named_optimizer_state, save_sharded, shard, weighted_mean
 from assay.training.learner import accumulate_step, policy_step
 from assay.training.rl import Trainer
@@ -233,9 +233,7 @@ class ShardedTrainer(Trainer):
             (tmp / RUN_FILE).write_text(json.dumps(run_record(self.step, self.evaluated_at, self.cfg), indent=1))
             (tmp / "ranks.json").write_text(json.dumps({"world_size": self.ranks.world}))
             torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete
-            if folder.exists():
-                _remove(folder)
-            tmp.rename(folder)
+            publish(tmp, folder)
             prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
         self.ranks.barrier()
         self._saved_at = self.step
