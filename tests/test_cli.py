@@ -157,9 +157,12 @@ def test_json_files_in_the_layouts_other_tools_write_are_read(tmp_path):
         "ragged.json": ('{\n "prompt": ["a", "b"],\n "answer": ["1"]\n}', "an object of columns (lists of equal length)"),
         "lines-bad.json": ('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": \n', "lines-bad.json:3: malformed JSON line"),
         "array.jsonl": (json.dumps(rows, indent=2), "array.jsonl:1: malformed JSON line"),  # .jsonl means JSON Lines
+        "cut.jsonl.gz": (gzip.compress((layouts["lines.json"] + "\n").encode() * 40)[:-30], "cannot read"),  # a gzip stream cut short
+        "cut.json.gz": (gzip.compress(layouts["array.json"].encode() * 40)[:-30], "cannot read"),
+        "plain.json.gz": (layouts["array.json"].encode(), "cannot read"),  # named .gz, not gzipped
     }
     for name, (text, needle) in bad.items():
-        (tmp_path / name).write_text(text)
+        (tmp_path / name).write_bytes(text) if isinstance(text, bytes) else (tmp_path / name).write_text(text)
         with pytest.raises(AssayError) as e:
             read_rows(str(tmp_path / name))
         assert needle in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
@@ -194,12 +197,22 @@ def test_csv_files_as_spreadsheets_and_pandas_write_them_are_read(tmp_path):
     assert read_rows(str(tmp_path / "excel.csv.gz")) == rows
     (tmp_path / "short.csv").write_text("prompt,answer,id\n1+1=,2\n\n2+2=,4,7\n")  # a short row's missing cells are empty
     assert read_rows(str(tmp_path / "short.csv")) == [{"prompt": "1+1=", "answer": "2", "id": None}, {"prompt": "2+2=", "answer": "4", "id": "7"}]
+    # pandas' `to_csv` writes its index as a column without a name; a name may repeat: named as pandas names them
+    import pandas as pd
+
+    frame = pd.DataFrame({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
+    frame.to_csv(tmp_path / "pandas.csv")
+    (tmp_path / "twice.csv").write_text("prompt,prompt,,answer,prompt\na,b,c,d,e\n")
+    for name in ("pandas.csv", "twice.csv"):
+        assert list(read_rows(str(tmp_path / name))[0]) == list(pd.read_csv(tmp_path / name).columns), name
+    assert read_rows(str(tmp_path / "pandas.csv"))[1] == {"Unnamed: 0": "1", "prompt": "2+2=", "answer": "4"}
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(text * 50)[:-40])  # a copy that stopped: a gzip stream cut short
     bad = {"wide.csv": ("prompt,answer\n1+1=,2\n2+2=,4,extra\n", "wide.csv:3: 3 cells under a header of 2 columns"),
-           "unnamed.csv": ("prompt,,answer\na,b,c\n", "unnamed.csv:1: the header needs a distinct name"),
-           "twice.csv": ("prompt,prompt\na,b\n", "twice.csv:1: the header needs a distinct name"),
-           "empty.csv": ("", "empty CSV file")}
-    for name, (text, needle) in bad.items():
-        (tmp_path / name).write_text(text)
+           "empty.csv": ("", "empty CSV file"),
+           "cut.csv.gz": (None, "cannot read")}
+    for name, (content, needle) in bad.items():
+        if content is not None:
+            (tmp_path / name).write_text(content)
         with pytest.raises(AssayError) as e:
             read_rows(str(tmp_path / name))
         assert needle in str(e.value) and "\n" not in str(e.value), (name, str(e.value))

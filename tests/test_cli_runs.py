@@ -168,10 +168,49 @@ def test_a_damaged_checkpoint_is_passed_over_and_the_run_resumes_from_an_older_o
     assert "step_000004" in warned[1] and "model.safetensors" in warned[1]
     assert "Traceback" not in p.stderr
     same_run(run, reference)  # from step 2: the rows after it written again, none lost or doubled
+    assert (ckpts / "damaged-step_000006" / "trainer_state.pt").read_bytes() == bytes(data)  # set aside by the step-4 save, kept
     for ckpt in [c for c in ckpts.iterdir() if c.name.startswith("step_")]:
         (ckpt / "trainer_state.pt").write_bytes((ckpt / "trainer_state.pt").read_bytes()[:100])
     p = assay("train", "--resume", str(run), "train.steps=14", check=False)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "reads back whole" in p.stderr and "trainer_state.pt" in p.stderr, p.stderr
+    assert f"--restart {run}" in p.stderr  # which is what is left, and it is allowed
+    assay("train", "--restart", str(run), "train.steps=2", "--no-progress")
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2]
+
+
+def test_pruning_sets_aside_a_checkpoint_newer_than_the_one_just_saved(tmp_path):
+    """A resume passed over step 6 (damaged) to step 4; saving step 5 with one checkpoint kept leaves step 5, and step 6
+    out of the way as `damaged-step_000006` (kept whole as it was), never step 6 alone."""
+    from assay.training.checkpoint import STATE_FILE, finished_checkpoints, prune_checkpoints
+
+    ckpts = tmp_path / "checkpoints"
+    for step in (4, 5, 6):
+        (ckpts / f"step_{step:06d}").mkdir(parents=True)
+        (ckpts / f"step_{step:06d}" / STATE_FILE).write_bytes(b"state %d" % step)
+    prune_checkpoints(ckpts, 1, saved=5)
+    assert [p.name for p in finished_checkpoints(ckpts)] == ["step_000005"]
+    assert (ckpts / "damaged-step_000006" / STATE_FILE).read_bytes() == b"state 6"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in one process, as intended
+def test_a_torchrun_checkpoint_s_shards_are_checked(tmp_path):
+    """`dcp/` holds a torchrun job's weights and optimizer state: a shard cut short, or its `.metadata` gone, is damage."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from assay.training.checkpoint import damage
+
+    folder = tmp_path / "step_000002"
+    dcp.save({"w": torch.arange(4096.0), "b": torch.ones(3)}, checkpoint_id=str(folder / "dcp"), no_dist=True)
+    (folder / "run.json").write_text("{}")
+    assert damage(folder) is None
+    (shard,) = (folder / "dcp").glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:-100])
+    assert "is shorter than .metadata says" in damage(folder)
+    (folder / "dcp" / ".metadata").unlink()
+    assert damage(folder) == "dcp/.metadata is missing"
+    (folder / "dcp").rename(tmp_path / "elsewhere")
+    assert damage(folder) == "no weights in it (no .safetensors file, no dcp/)"
 
 
 def test_what_makes_a_checkpoint_damaged(tiny_model_dir, tmp_path):

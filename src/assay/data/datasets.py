@@ -9,10 +9,12 @@ the prompts it would have seen.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import json
 import random
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,7 +36,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     `AssayError` that names the file and the line. A byte-order mark before the first line
     (as Windows tools write UTF-8) is skipped.
     """
-    with _open_data(path) as f:
+    with _open_data(path) as f, _unreadable(path):
         for lineno, raw in enumerate(f, 1):
             line = raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
             if not line:
@@ -46,6 +48,15 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise AssayError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             yield lineno, row
+
+
+@contextlib.contextmanager
+def _unreadable(path: str | Path) -> Iterator[None]:
+    """One line for a file that stops reading part-way: a gzip stream cut short or changed, an I/O error."""
+    try:
+        yield
+    except (OSError, EOFError, zlib.error) as e:
+        raise AssayError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _open_data(path: str | Path):
@@ -68,11 +79,8 @@ def read_json(path: str | Path) -> list[dict[str, Any]]:
     try:
         return read_jsonl(path)
     except AssayError as lines_error:
-        with _open_data(path) as f:
-            try:
-                text = f.read().decode("utf-8", errors="replace").lstrip("\ufeff")
-            except (OSError, EOFError) as e:
-                raise AssayError(f"cannot read {path}: {e}") from None
+        with _open_data(path) as f, _unreadable(path):
+            text = f.read().decode("utf-8", errors="replace").lstrip("\ufeff")
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
@@ -125,25 +133,37 @@ def read_rows(path: str) -> list[dict[str, Any]]:
                      "or a datasets folder")
 
 
+def _column_names(header: list[str]) -> list[str]:
+    """The header's names as pandas (and so `datasets`) reads them: an empty one is `Unnamed: i` (the index column
+    `to_csv` writes), a repeated one `name.1`, `name.2`, ..."""
+    names: list[str] = []
+    for i, h in enumerate(header):
+        name = h.strip() or f"Unnamed: {i}"
+        base, k = name, 0
+        while name in names:
+            k += 1
+            name = f"{base}.{k}"
+        names.append(name)
+    return names
+
+
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a CSV file with a header row (Excel's and pandas' `to_csv` layout; a byte-order mark is skipped). A value
     is the string written, and an empty or missing cell None, as `datasets` reads one (a reward that needs numbers reads
-    them from the text). A row with more cells than the header, or a header with an empty or repeated name, is one line
+    them from the text); column names as `_column_names` gives them. A row with more cells than the header is one line
     naming the file and the line."""
     import csv
     import io
 
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))  # a whole program or document in one cell
-    with _open_data(path) as f:
+    with _open_data(path) as f, _unreadable(path):
         text = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
         reader = csv.reader(text)
         try:
             header = next(reader, None)
             if not header:
                 raise AssayError(f"{path}: empty CSV file; the first line names the columns")
-            named = [h.strip() for h in header]
-            if not all(named) or len(set(named)) != len(named):
-                raise AssayError(f"{path}:1: the header needs a distinct name for each column, got {header}")
+            named = _column_names(header)
             rows = []
             for cells in reader:
                 if not any(c.strip() for c in cells):

@@ -187,7 +187,7 @@ def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: POConfig, sink:
     ckpt_dir = run_dir / "checkpoints"
     save_checkpoint(ckpt_dir / f"step_{step:06d}", model, tok, state,
                     files={RUN_FILE: json.dumps({"step": step, "config": cfg.model_dump(mode="json")}, indent=1)})
-    prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints)
+    prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints, step)
 
 
 def _folder(cfg: POConfig | None, resume, restart, overrides) -> tuple[POConfig, Path, Path | None]:

@@ -213,7 +213,7 @@ def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: RMConfig, sink:
     record = {"step": step, "config": cfg.model_dump(mode="json")}
     ckpt_dir = run_dir / "checkpoints"
     save_checkpoint(ckpt_dir / f"step_{step:06d}", model, tok, state, files={RUN_FILE: json.dumps(record, indent=1)})
-    prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints)
+    prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints, step)
 
 
 def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, restart: str | Path | None = None,

@@ -95,7 +95,8 @@ def sync_tree(folder: Path) -> None:
     """`fsync` every file and folder under `folder` (a filesystem that cannot sync a folder is let be)."""
     for root, _, files in os.walk(folder):
         for name in files:
-            _fsync(Path(root) / name)
+            if os.path.isfile(path := os.path.join(root, name)) and not os.path.islink(path):  # not a link, a pipe, a socket
+                _fsync(Path(path))
         _fsync(Path(root))
 
 
@@ -148,12 +149,15 @@ def resumable_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest finished checkpoint whose files read back whole (`damage`), for a run to continue from.
 
     A newer one that does not (a file cut short by a host that lost power before the disk had it, a copy that
-    stopped half-way, a byte changed) is passed over with one warning naming it and what is wrong; it stays where
-    it is, and the resumed run writes that step again when it gets there. With none whole, one line naming the
-    newest one's damage."""
+    stopped half-way, a byte changed) is passed over with one warning naming it and what is wrong; the resumed run's
+    next checkpoint sets it aside (`prune_checkpoints`). With none whole, one line naming the newest one's damage.
+    A file that cannot be read at all (no permission, an I/O error) is one line too, never a reason to go back."""
     found, damaged = finished_checkpoints(ckpt_dir), []
     for ckpt in found:
-        what = damage(ckpt)
+        try:
+            what = damage(ckpt)
+        except FileNotFoundError:  # pruned or replaced while it was read: a run is writing here
+            continue
         if what is None:
             for bad, why in damaged:
                 if str(bad) not in _WARNED:  # the command reads the config from it, then the trainer resumes: one warning
@@ -161,50 +165,134 @@ def resumable_checkpoint(ckpt_dir: Path) -> Path | None:
                     log.warning(f"checkpoint {bad} is damaged ({why}); taking {ckpt.name}, the newest one that is whole")
             return ckpt
         damaged.append((ckpt, what))
-    if found:
-        raise AssayError(f"no checkpoint under {ckpt_dir} reads back whole; the newest, {found[0].name}: {damaged[0][1]}")
+    if damaged:
+        raise AssayError(f"no checkpoint under {ckpt_dir} reads back whole (the newest, {damaged[0][0].name}: {damaged[0][1]}); "
+                         f"`assay train --restart {Path(ckpt_dir).parent}` starts the run again from the beginning")
     return None
 
 
 _WARNED: set[str] = set()
 _SOUND: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) of the files `damage` has read whole in this process
 
+#: a record of a `.pt` archive up to this size has its CRC-32 checked; a larger one (the optimizer's moments of a large
+#: embedding) only its place in the file, so choosing a checkpoint costs far less than a second read of the state
+CRC_LIMIT = 256 << 20
+
 
 def damage(folder: Path) -> str | None:
-    """What in a finished checkpoint folder does not read back whole, or None: `run.json` that is not JSON, a
-    `.safetensors` file shorter than its header says, `trainer_state.pt` (a zip archive with a CRC-32 per record) cut
-    short or with a record whose checksum does not match. Each file is read once per process."""
+    """What in a finished checkpoint folder does not read back whole, or None.
+
+    Checked: there are weights (`*.safetensors` or a torchrun job's `dcp/`); every JSON file parses; every
+    `.safetensors` file is as long as its header says; a `.pt` archive's records lie within the file and those up to
+    `CRC_LIMIT` match their CRC-32s; a sharded index names files that are there; `dcp/` (and `dcp-critic/`) has its
+    `.metadata` and every shard it lists is as long as it says. Each file is read once per process. A file that cannot
+    be read (no permission, an I/O error) is an `AssayError`; one that vanished meanwhile, `FileNotFoundError`."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    if not any(p.suffix == ".safetensors" for p in files) and not (folder / "dcp").is_dir():
+        return "no weights in it (no .safetensors file, no dcp/)"
+    for path in files:
+        what = _file_damage(path)
+        if what is not None:
+            return f"{path.relative_to(folder)}: {what}"
     import json
-    import zipfile
 
-    for path in sorted(Path(folder).iterdir()):
-        if not path.is_file() or path.suffix not in (".json", ".safetensors", ".pt"):
-            continue
-        stat = path.stat()
-        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-        if key in _SOUND:
-            continue
-        try:
-            if path.suffix == ".json":
-                json.loads(path.read_bytes())
-            elif path.suffix == ".safetensors":
-                from safetensors import safe_open
-
-                with safe_open(str(path), framework="pt"):
-                    pass
-            else:
-                with zipfile.ZipFile(path) as archive:
-                    bad = archive.testzip()
-                if bad is not None:
-                    return f"{path.name}: the checksum of its record {bad!r} does not match"
-        except Exception as e:  # json, safetensors and zipfile each raise their own types for a file cut short
-            return f"{path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        _SOUND.add(key)
+    for index in folder.glob("*.safetensors.index.json"):
+        missing = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()) - {p.name for p in files})
+        if missing:
+            return f"{index.name} names {missing[0]}, which is not there"
+    for sub in ("dcp", "dcp-critic"):
+        if (folder / sub).is_dir() and (what := _dcp_damage(folder / sub)) is not None:
+            return f"{sub}/{what}"
     return None
 
 
-def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+def _file_damage(path: Path) -> str | None:
+    import json
+    import struct
+    import zipfile
+    import zlib
+
+    from safetensors import SafetensorError
+
+    if path.suffix not in (".json", ".safetensors", ".pt"):
+        return None
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _SOUND:
+        return None
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_bytes())
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt"):
+                pass
+        else:
+            what = _archive_damage(path, stat.st_size)
+            if what is not None:
+                return what
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise AssayError(f"cannot read {path}: {e.strerror or e}") from None
+    except (ValueError, EOFError, zipfile.BadZipFile, zlib.error, struct.error, SafetensorError) as e:  # what a cut or changed file raises
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    _SOUND.add(key)
+    return None
+
+
+def _archive_damage(path: Path, size: int) -> str | None:
+    """What is wrong with the zip archive `torch.save` writes (one stored record per tensor), or None."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.header_offset + info.compress_size > size:
+                return f"its record {info.filename!r} runs past the end of the file"
+            if info.file_size <= CRC_LIMIT:
+                try:
+                    with archive.open(info) as f:
+                        while f.read(1 << 24):
+                            pass
+                except zipfile.BadZipFile:
+                    return f"the checksum of its record {info.filename!r} does not match"
+    return None
+
+
+def _dcp_damage(folder: Path) -> str | None:
+    """What is wrong with a `torch.distributed.checkpoint` folder: its `.metadata`, or a shard it lists missing or cut short."""
+    if not (folder / ".metadata").is_file():
+        return ".metadata is missing"
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except OSError:
+        raise
+    except Exception as e:  # an unpickling error of any type: the file is cut or changed
+        return f".metadata: {type(e).__name__}"
+    for info in (metadata.storage_data or {}).values():
+        shard = folder / info.relative_path
+        if not shard.is_file():
+            return f"{info.relative_path} is missing"
+        if info.offset + info.length > shard.stat().st_size:
+            return f"{info.relative_path} is shorter than .metadata says"
+    return None
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int, saved: int | None = None) -> None:
+    """Delete all but the newest `keep` finished checkpoints. With `saved` (the step just written), a checkpoint of a
+    later step is one a resume passed over as damaged (`resumable_checkpoint`): it is set aside as `damaged-step_N`,
+    out of what resumes and pruning see, for a person to look at."""
     done = sorted((p for p in ckpt_dir.glob("step_*") if (p / STATE_FILE).is_file()), key=lambda p: int(p.name.split("_")[1]))
+    if saved is not None:
+        for p in [p for p in done if int(p.name.split("_")[1]) > saved]:
+            aside = p.with_name(f"damaged-{p.name}")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(p, aside)
+            done.remove(p)
     for p in done[:-keep]:
         _remove(p)
 

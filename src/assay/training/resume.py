@@ -63,14 +63,14 @@ class Checkpoints:
         self.samples.sync()
         self.trackers.flush()
         folder = save_checkpoint(self.ckpt_dir / f"step_{self.step:06d}", self.saved_model, self.tokenizer, self._state(), tensors, {RUN_FILE: record})
-        prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+        prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints, self.step)
         self._saved_at = self.step
         return folder
 
     def _resume(self) -> None:
         """Continue from the latest finished checkpoint exactly where its step left off."""
         self._clean_checkpoints()
-        ckpt = resumable_checkpoint(self.ckpt_dir)
+        ckpt = self._checkpoint_to_resume()
         if ckpt is None:
             raise AssayError(f"--resume: no finished checkpoint under {self.ckpt_dir}")
         record = read_record(ckpt)
@@ -94,6 +94,10 @@ class Checkpoints:
         self._wall_offset = state.get("wall_s", 0.0)
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
         self.sampler.update_weights(self.model, self.step)
+
+    def _checkpoint_to_resume(self) -> Path | None:
+        """The newest checkpoint that reads back whole (`resumable_checkpoint`)."""
+        return resumable_checkpoint(self.ckpt_dir)
 
     def _clean_checkpoints(self) -> None:
         """Remove what an interrupted save left (a half-written folder) before the latest finished one is looked for."""

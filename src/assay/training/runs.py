@@ -175,7 +175,11 @@ def restart_data(run_dir: str | Path, overrides: list[str] | None = None) -> dic
     if not (run_dir / "config.yaml").is_file():
         what = "does not exist" if not run_dir.is_dir() else "is not a run folder (no config.yaml in it)"
         raise AssayError(f"--restart: {str(run_dir)!r} {what}; give the folder a run wrote, output_dir/run_name")
-    if latest_checkpoint(run_dir / "checkpoints") is not None:
+    try:
+        whole = resumable_checkpoint(run_dir / "checkpoints")
+    except AssayError:  # every checkpoint is damaged: starting again is what is left
+        whole = None
+    if whole is not None:
         raise AssayError(f"--restart: the run in {str(run_dir)!r} has a checkpoint; continue it with --resume {run_dir} "
                          "(a restart would throw its training away)")
     data = read_yaml_mapping(str(run_dir / "config.yaml"))

@@ -234,7 +234,7 @@ class ShardedTrainer(Trainer):
             (tmp / "ranks.json").write_text(json.dumps({"world_size": self.ranks.world}))
             torch.save(state, tmp / STATE_FILE)  # last: a folder with this file is complete
             publish(tmp, folder)
-            prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints)
+            prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_checkpoints, self.step)
         self.ranks.barrier()
         self._saved_at = self.step
         return folder
@@ -243,6 +243,21 @@ class ShardedTrainer(Trainer):
         if self.ranks.main:
             clean_leftovers(self.ckpt_dir)
         self.ranks.barrier()
+
+    def _checkpoint_to_resume(self) -> Path | None:
+        """Rank 0 chooses, so that every rank continues from the same step whatever each could read."""
+        if not self.ranks.active:
+            return super()._checkpoint_to_resume()
+        chosen, error = None, None
+        if self.ranks.main:
+            try:
+                chosen = super()._checkpoint_to_resume()
+            except AssayError as e:
+                error = str(e)
+        chosen, error = self.ranks.broadcast((None if chosen is None else str(chosen), error))
+        if error is not None:
+            raise AssayError(error)
+        return None if chosen is None else Path(chosen)
 
     def _load_policy(self, ckpt: Path, state: dict[str, Any]) -> None:
         if not self.ranks.active or (ckpt / "dcp").is_dir():
