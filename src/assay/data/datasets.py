@@ -36,7 +36,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     `AssayError` that names the file and the line. A byte-order mark before the first line
     (as Windows tools write UTF-8) is skipped.
     """
-    with _open_data(path) as f, _unreadable(path):
+    with _open_data(path) as f:
         for lineno, raw in enumerate(f, 1):
             line = raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
             if not line:
@@ -51,20 +51,14 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 @contextlib.contextmanager
-def _unreadable(path: str | Path) -> Iterator[None]:
-    """One line for a file that stops reading part-way: a gzip stream cut short or changed, an I/O error."""
+def _open_data(path: str | Path) -> Iterator[Any]:
+    """A data file opened for reading bytes, gunzipped when its name ends in `.gz`. A file that cannot be opened or
+    stops reading part-way (missing, a gzip stream cut short or changed, an I/O error) is one line."""
     try:
-        yield
+        with gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb") as f:
+            yield f
     except (OSError, EOFError, zlib.error) as e:
         raise AssayError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-
-
-def _open_data(path: str | Path):
-    """A data file opened for reading bytes, gunzipped when its name ends in `.gz`; a missing file is one line."""
-    try:
-        return gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
-    except OSError as e:
-        raise AssayError(f"cannot read {path}: {e.strerror}") from None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -79,7 +73,7 @@ def read_json(path: str | Path) -> list[dict[str, Any]]:
     try:
         return read_jsonl(path)
     except AssayError as lines_error:
-        with _open_data(path) as f, _unreadable(path):
+        with _open_data(path) as f:
             text = f.read().decode("utf-8", errors="replace").lstrip("\ufeff")
         try:
             doc = json.loads(text)
@@ -156,7 +150,7 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
     import io
 
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))  # a whole program or document in one cell
-    with _open_data(path) as f, _unreadable(path):
+    with _open_data(path) as f:
         text = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
         reader = csv.reader(text)
         try:

@@ -109,9 +109,9 @@ class PreferenceTrainer(Trainer):
         if self.executor.verifier is not None:  # its own canary already re-scores every completion
             self.watch.drop_canary()
         if resume:  # the loop restored the plain gates' state; the canary's own is in the same record
-            from assay.training.checkpoint import load_state, resumable_checkpoint
+            from assay.training.checkpoint import load_state
 
-            saved = load_state(resumable_checkpoint(self.ckpt_dir)).get("health")  # type: ignore[arg-type]
+            saved = load_state(self.resumed_from).get("health")
             if saved is not None:
                 self.health.load_state_dict(saved)
 

@@ -10,9 +10,14 @@ name. Leftovers of an interrupted write or delete start with a dot and are remov
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import shutil
+import struct
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +200,6 @@ def damage(folder: Path) -> str | None:
         what = _file_damage(path)
         if what is not None:
             return f"{path.relative_to(folder)}: {what}"
-    import json
-
     for index in folder.glob("*.safetensors.index.json"):
         missing = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()) - {p.name for p in files})
         if missing:
@@ -207,12 +210,19 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def _file_damage(path: Path) -> str | None:
-    import json
-    import struct
-    import zipfile
-    import zlib
+@contextlib.contextmanager
+def _readable(path: Path):
+    """A file that vanished goes on as `FileNotFoundError` (a run is writing here); one that cannot be read (no
+    permission, an I/O error) is one line, never taken for damage."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise AssayError(f"cannot read {path}: {e.strerror or e}") from None
 
+
+def _file_damage(path: Path) -> str | None:
     from safetensors import SafetensorError
 
     if path.suffix not in (".json", ".safetensors", ".pt"):
@@ -222,21 +232,18 @@ def _file_damage(path: Path) -> str | None:
     if key in _SOUND:
         return None
     try:
-        if path.suffix == ".json":
-            json.loads(path.read_bytes())
-        elif path.suffix == ".safetensors":
-            from safetensors import safe_open
+        with _readable(path):
+            if path.suffix == ".json":
+                json.loads(path.read_bytes())
+            elif path.suffix == ".safetensors":
+                from safetensors import safe_open
 
-            with safe_open(str(path), framework="pt"):
-                pass
-        else:
-            what = _archive_damage(path, stat.st_size)
-            if what is not None:
-                return what
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise AssayError(f"cannot read {path}: {e.strerror or e}") from None
+                with safe_open(str(path), framework="pt") as f:  # opening reads the header and checks the file's length
+                    f.metadata()
+            else:
+                what = _archive_damage(path, stat.st_size)
+                if what is not None:
+                    return what
     except (ValueError, EOFError, zipfile.BadZipFile, zlib.error, struct.error, SafetensorError) as e:  # what a cut or changed file raises
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     _SOUND.add(key)
@@ -245,8 +252,6 @@ def _file_damage(path: Path) -> str | None:
 
 def _archive_damage(path: Path, size: int) -> str | None:
     """What is wrong with the zip archive `torch.save` writes (one stored record per tensor), or None."""
-    import zipfile
-
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
             if info.header_offset + info.compress_size > size:
@@ -254,7 +259,7 @@ def _archive_damage(path: Path, size: int) -> str | None:
             if info.file_size <= CRC_LIMIT:
                 try:
                     with archive.open(info) as f:
-                        while f.read(1 << 24):
+                        while f.read(1 << 24):  # read to its end, where zipfile compares the record's CRC-32
                             pass
                 except zipfile.BadZipFile:
                     return f"the checksum of its record {info.filename!r} does not match"
@@ -267,12 +272,13 @@ def _dcp_damage(folder: Path) -> str | None:
         return ".metadata is missing"
     from torch.distributed.checkpoint import FileSystemReader
 
-    try:
-        metadata = FileSystemReader(str(folder)).read_metadata()
-    except OSError:
-        raise
-    except Exception as e:  # an unpickling error of any type: the file is cut or changed
-        return f".metadata: {type(e).__name__}"
+    with _readable(folder / ".metadata"):
+        try:
+            metadata = FileSystemReader(str(folder)).read_metadata()
+        except OSError:
+            raise
+        except Exception as e:  # an unpickling error of any type: the file is cut or changed
+            return f".metadata: {type(e).__name__}"
     for info in (metadata.storage_data or {}).values():
         shard = folder / info.relative_path
         if not shard.is_file():

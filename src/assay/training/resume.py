@@ -93,6 +93,7 @@ class Checkpoints:
         self.resumed_versions = load_versions(ckpt)
         self._wall_offset = state.get("wall_s", 0.0)
         self.step, self.evaluated_at, self._saved_at = state["step"], record["evaluated_at"], state["step"]
+        self.resumed_from = ckpt
         self.sampler.update_weights(self.model, self.step)
 
     def _checkpoint_to_resume(self) -> Path | None:
