@@ -220,6 +220,50 @@ def test_csv_files_as_spreadsheets_and_pandas_write_them_are_read(tmp_path):
     assert p.returncode == 0 and json.loads(p.stdout)["n"] == 2, p.stderr
 
 
+def test_text_that_windows_tools_write_is_read_or_refused_in_one_line(tmp_path):
+    """UTF-16 with its byte-order mark (Windows PowerShell 5's `>`) is read as UTF-16; bytes that are not UTF-8 (a CSV
+    saved in a Windows code page) are one line naming the file, line, column and byte, never replacement characters
+    in a prompt or an answer. Config and reward YAML files too."""
+    import gzip
+
+    from assay.data.datasets import read_rows
+    from assay.errors import AssayError
+
+    rows = [{"prompt": "Combien font 2 + 2 ? Réponds.", "answer": "4"}, {"prompt": "3+3=", "answer": "6"}]
+    lines = "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n"
+    (tmp_path / "ps.jsonl").write_bytes(lines.encode("utf-16"))  # little-endian with its mark, as PowerShell writes
+    (tmp_path / "be.json").write_bytes(b"\xfe\xff" + json.dumps(rows, ensure_ascii=False, indent=2).encode("utf-16-be"))
+    (tmp_path / "ps.csv").write_bytes(('prompt,answer\r\n"Combien font 2 + 2 ? Réponds.",4\r\n3+3=,6\r\n').encode("utf-16"))
+    (tmp_path / "ps.jsonl.gz").write_bytes(gzip.compress(lines.encode("utf-16")))
+    for name in ("ps.jsonl", "be.json", "ps.csv", "ps.jsonl.gz"):
+        assert read_rows(str(tmp_path / name)) == rows, name
+    bad = {"ansi.csv": ("prompt,answer\r\n1+1=,2\r\nCafé: 3+3=,6\r\n".encode("cp1252"), "ansi.csv:3: not UTF-8 text (byte 0xe9 at column 4)"),
+           "latin.jsonl": ('{"prompt": "a"}\n{"prompt": "été"}\n'.encode("latin-1"), "latin.jsonl:2: not UTF-8 text (byte 0xe9 at column 13)"),
+           "latin.json": ('[{"prompt": "été"}]'.encode("latin-1"), "latin.json:1: not UTF-8 text"),
+           "utf32.jsonl": ('{"prompt": "a"}'.encode("utf-32"), "utf32.jsonl:1: not UTF-8 text (byte 0xff at column 1)"),
+           "cut16.jsonl": ("\ufeff{}".encode("utf-16-le") + b"\x00\xd8", "starts as UTF-16 but is not UTF-16 text")}
+    for name, (data, needle) in bad.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(AssayError) as e:
+            read_rows(str(tmp_path / name))
+        assert needle in str(e.value) and "save it as UTF-8" in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+    (tmp_path / "ansi.yaml").write_bytes("train:\n  steps: 2  # café\n".encode("cp1252"))
+    (tmp_path / "reward.yaml").write_bytes("name: arithmetic  # café\n".encode("cp1252"))
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1=", "completion": "2", "answer": "2"}\n')
+    (tmp_path / "ansi.jinja").write_bytes("Café {{ messages[0]['content'] }}".encode("cp1252"))
+    for args, needle in [(("train", str(tmp_path / "ansi.yaml")), "byte offset 24: 0xe9 is not utf-8 text"),
+                         (("reward", "score", "--reward", str(tmp_path / "reward.yaml"), "--input", str(tmp_path / "rows.jsonl"),
+                           "--output", str(tmp_path / "out.jsonl")), "byte offset 23: 0xe9 is not utf-8 text"),
+                         (("train", f"model.chat_template={tmp_path / 'ansi.jinja'}", f"output_dir={tmp_path / 'runs'}"),
+                          "is not UTF-8 text (byte 0xe9 at byte offset 3)")]:
+        p = assay(*args)
+        assert p.returncode != 0 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
+    (tmp_path / "u16.yaml").write_bytes("train:\n  steps: 0\n".encode("utf-16"))
+    from assay.config import read_yaml_mapping
+
+    assert read_yaml_mapping(str(tmp_path / "u16.yaml")) == {"train": {"steps": 0}}
+
+
 def test_a_data_file_names_the_run_and_nested_columns_are_read(tmp_path, tiny_model_dir):
     """verl's parquet layout (the reference in `reward_model.ground_truth`), with data.task left at its default: the
     run trains on the file and says so (folder, summary, report), never "task: arithmetic"."""

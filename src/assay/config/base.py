@@ -67,6 +67,8 @@ def explain(err: ValidationError, data: dict[str, Any], root: type[BaseModel], w
 
 def yaml_problem(e: yaml.YAMLError) -> str:
     """A YAML error in one line with where it is: `line 3, column 7: mapping values are not allowed here`."""
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):  # bytes that are not text in its encoding
+        return f"byte offset {e.position}: 0x{e.character:02x} is not {e.encoding} text ({e.reason}); save it as UTF-8"
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     context = getattr(e, "context", None)
@@ -80,7 +82,9 @@ def read_yaml_mapping(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise AssayError(f"config file {path!r} does not exist")
     try:
-        loaded = yaml.safe_load(p.read_text())
+        loaded = yaml.safe_load(p.read_bytes())  # bytes: PyYAML decodes UTF-8 or UTF-16 by their marks, and says where it is neither
+    except OSError as e:
+        raise AssayError(f"cannot read config file {path!r}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise AssayError(f"config file {path!r} is not valid YAML: {yaml_problem(e)}") from None
     if loaded is not None and not isinstance(loaded, dict):

@@ -33,12 +33,11 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """`(line number, row)` for each non-blank line of a JSONL file, read as it goes.
 
     A missing file, a line that is not JSON, or one that is not an object is one
-    `AssayError` that names the file and the line. A byte-order mark before the first line
-    (as Windows tools write UTF-8) is skipped.
+    `AssayError` that names the file and the line. The text is decoded as `_text_lines` says.
     """
     with _open_data(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.decode("utf-8", errors="replace").strip().lstrip("\ufeff")
+        for lineno, line in _text_lines(f, path):
+            line = line.strip()
             if not line:
                 continue
             try:
@@ -48,6 +47,36 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(row, dict):
                 raise AssayError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             yield lineno, row
+
+
+def _text_lines(f: Any, path: str | Path) -> Iterator[tuple[int, str]]:
+    """`(line number, text)` for each line of a data file opened in bytes, line ends kept.
+
+    UTF-8, with or without the byte-order mark Windows tools write. A file that starts with UTF-16's byte-order mark (what
+    Windows PowerShell 5's `>` and `Out-File` write) is read as UTF-16. Anything else that is not UTF-8 (a spreadsheet
+    saved in a Windows code page, Latin-1) is one line naming the file, the line, the column and the byte: decoding it
+    with replacement characters would change answers and prompts without a word.
+    """
+    head = f.peek(4)[:4] if hasattr(f, "peek") else b""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) and not head.startswith(b"\xff\xfe\x00\x00"):
+        import io
+
+        text = io.TextIOWrapper(f, encoding="utf-16", newline="")
+        try:
+            yield from enumerate(text, 1)
+        except UnicodeDecodeError as e:
+            raise AssayError(f"{path}: starts as UTF-16 but is not UTF-16 text ({e.reason}); save it as UTF-8") from None
+        finally:
+            text.detach()
+        return
+    for lineno, raw in enumerate(f, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
+            raise AssayError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); save it as UTF-8 "
+                             "(a spreadsheet: \"CSV UTF-8\"; a file in a Windows code page: `iconv -f cp1252 -t utf-8`)") from None
+        yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
 
 
 @contextlib.contextmanager
@@ -74,7 +103,7 @@ def read_json(path: str | Path) -> list[dict[str, Any]]:
         return read_jsonl(path)
     except AssayError as lines_error:
         with _open_data(path) as f:
-            text = f.read().decode("utf-8", errors="replace").lstrip("\ufeff")
+            text = "".join(line for _, line in _text_lines(f, path))
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
@@ -142,17 +171,15 @@ def _column_names(header: list[str]) -> list[str]:
 
 
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a CSV file with a header row (Excel's and pandas' `to_csv` layout; a byte-order mark is skipped). A value
+    """Rows of a CSV file with a header row (Excel's and pandas' `to_csv` layout; text as `_text_lines` decodes it). A value
     is the string written, and an empty or missing cell None, as `datasets` reads one (a reward that needs numbers reads
     them from the text); column names as `_column_names` gives them. A row with more cells than the header is one line
     naming the file and the line."""
     import csv
-    import io
 
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))  # a whole program or document in one cell
     with _open_data(path) as f:
-        text = io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="")
-        reader = csv.reader(text)
+        reader = csv.reader(line for _, line in _text_lines(f, path))
         try:
             header = next(reader, None)
             if not header:

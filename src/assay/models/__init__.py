@@ -177,7 +177,13 @@ def read_chat_template(template: str) -> str:
     """A chat template given as a Jinja file or as the template text itself."""
     path = Path(os.path.expanduser(template))
     if path.is_file():
-        return path.read_text()
+        try:
+            return path.read_bytes().decode("utf-8-sig")
+        except OSError as e:
+            raise AssayError(f"model.chat_template: cannot read {template}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise AssayError(f"model.chat_template: {template} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at byte offset "
+                             f"{e.start}); save it as UTF-8") from None
     if "{{" in template or "{%" in template:
         return template
     raise AssayError(f"model.chat_template={template!r} is neither a file nor Jinja template text")

@@ -178,10 +178,12 @@ def load_block(path: str) -> Any:
     from assay.config import yaml_problem
 
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:  # bytes: PyYAML decodes UTF-8 or UTF-16 by their marks, and says where it is neither
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise AssayError(f"reward file not found: {path}") from None
+    except OSError as e:
+        raise AssayError(f"cannot read reward file {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise AssayError(f"{path}: invalid YAML: {yaml_problem(e)}") from None
     if isinstance(data, dict) and "reward" in data and "name" not in data:
