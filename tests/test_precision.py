@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -41,7 +43,7 @@ def test_the_norm_is_clipped_in_fp32_and_fp32_params_need_no_masters():
     assert w.master[0].tolist() == pytest.approx([-0.6, -0.8], abs=1e-6)
     q = torch.nn.Parameter(torch.zeros(2))
     plain = MasterWeights([q], _sgd)
-    assert not plain.mixed and plain.master == [] and plain.master_state() is None
+    assert not plain.mixed and plain.master == [] and plain.master_state()["masters"] is None
     assert plain.optimizer.param_groups[0]["params"][0] is q
 
 
@@ -52,9 +54,66 @@ def test_masters_round_trip_and_default_to_the_weights():
     saved = w.master_state()
     fresh = MasterWeights([p], _sgd)
     fresh.load_master(saved)
-    assert torch.equal(fresh.master[0], saved[0]) and saved[0].device.type == "cpu"
+    assert torch.equal(fresh.master[0], saved["masters"][0]) and saved["masters"][0].device.type == "cpu"
     fresh.load_master(None)  # a checkpoint from before masters existed: read back from the bf16 weights
     assert torch.equal(fresh.master[0], torch.ones(3))
+    fresh.load_master(saved["masters"])  # as older checkpoints hold them: the list alone
+    assert torch.equal(fresh.master[0], saved["masters"][0])
+
+
+def test_fp16_loss_scaling_keeps_gradients_that_would_flush_to_zero():
+    """A gradient of 1e-8 inside the backward (below fp16's smallest subnormal, 6e-8) is zero without a loss scale and
+    reaches the fp32 master with one, unscaled."""
+    x = torch.full((4,), 0.5, dtype=torch.float16)
+
+    def loss_of(w):  # d loss / d h = 1e-4 · 1e-4 = 1e-8 in fp16: flushed to zero unless scaled
+        return ((w * x) * torch.tensor(1e-4, dtype=torch.float16)).float().sum() * 1e-4
+
+    plain = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    loss_of(plain).backward()
+    assert torch.count_nonzero(plain.grad) == 0
+    w = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))  # at 0 an fp32 master can hold the step of 5e-9
+    weights = MasterWeights([w], _sgd)
+    assert weights.scaled and weights.loss_scale == 2.0**16
+    weights.backward(loss_of(w))
+    assert weights.step(max_norm=1e9) == pytest.approx(2 * 0.5e-8, rel=1e-2)  # ‖(0.5e-8,) × 4‖
+    assert weights.master[0].tolist() == pytest.approx([-0.5e-8] * 4, rel=1e-2)
+    assert weights.good_steps == 1 and weights.skipped == 0
+
+
+def test_a_gradient_that_is_not_finite_skips_the_step(caplog):
+    """fp16: an overflow skips the step, halves the loss scale, and 2,000 (here 2) good steps double it again. Any dtype:
+    an inf or NaN gradient leaves the weights and AdamW's moments as they were, with a warning and the count."""
+    w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    weights = MasterWeights([w], lambda ps: torch.optim.AdamW(ps, lr=0.1))
+    weights.GROWTH_INTERVAL = 2
+    w.grad = torch.tensor([float("inf"), 1.0], dtype=torch.float16)
+    assert weights.step(1.0) == float("inf")
+    assert torch.equal(w.detach(), torch.ones(2, dtype=torch.float16)) and weights.optimizer.state == {}
+    assert weights.loss_scale == 2.0**15 and weights.skipped == 1 and w.grad is None and weights.master[0].grad is None
+    assert weights.metrics(0) == {"actor/skipped_updates": 1.0, "actor/loss_scale": 2.0**15}
+    for _ in range(2):
+        w.grad = torch.tensor([1.0, 1.0], dtype=torch.float16) * weights.loss_scale
+        assert weights.step(1e9) == pytest.approx(2**0.5)
+    assert weights.loss_scale == 2.0**16 and weights.good_steps == 0 and w.detach()[0] < 1
+    saved = weights.master_state()
+    fresh = MasterWeights([torch.nn.Parameter(w.detach().clone())], _sgd)
+    fresh.load_master(saved)
+    assert (fresh.loss_scale, fresh.good_steps, fresh.skipped) == (2.0**16, 0, 1) and torch.equal(fresh.master[0], weights.master[0])
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.nn.Parameter(torch.ones(2, dtype=dtype))
+        plain = MasterWeights([q], lambda ps: torch.optim.AdamW(ps, lr=0.1))
+        assert not plain.scaled and plain.loss_scale == 1.0 and "actor/loss_scale" not in plain.metrics(0)
+        q.grad = torch.tensor([1.0, 2.0], dtype=dtype)
+        plain.step(1.0)
+        before = {k: v.clone() for k, v in plain.optimizer.state[plain.optimizer.param_groups[0]["params"][0]].items()}
+        kept = q.detach().clone()
+        q.grad = torch.tensor([float("nan"), 2.0], dtype=dtype)
+        with caplog.at_level("WARNING", logger="assay"):
+            assert math.isnan(plain.step(1.0))
+        assert "this optimizer step is skipped" in caplog.text
+        after = plain.optimizer.state[plain.optimizer.param_groups[0]["params"][0]]
+        assert torch.equal(q.detach(), kept) and all(torch.equal(after[k], v) for k, v in before.items()) and plain.skipped == 1
 
 
 def interrupted_and_resumed(cfg, monkeypatch, in_step: int):
@@ -77,22 +136,34 @@ def interrupted_and_resumed(cfg, monkeypatch, in_step: int):
     return cut.run_dir
 
 
-def test_a_bf16_run_trains_keeps_bf16_weights_and_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_run_trains_keeps_its_weights_and_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, dtype):
+    """bf16 or fp16 weights trained through fp32 masters; a run stopped in its second step and resumed ends with the same
+    weights and metrics as one that was not. Under fp16 the loss scale grows after every step here (a growth interval of
+    1), so the resumed run matches only if the checkpoint carried the scale."""
+    if dtype == "float16":
+        monkeypatch.setattr(MasterWeights, "GROWTH_INTERVAL", 1)
+
     def cfg(name):
         return load_config(None, [
-            f"model.path={tiny_model_dir}", "model.dtype=bfloat16", f"output_dir={tmp_path}", f"run_name={name}", "train.steps=2",
+            f"model.path={tiny_model_dir}", f"model.dtype={dtype}", f"output_dir={tmp_path}", f"run_name={name}", "train.steps=2",
             "train.eval_every=0", "train.save_every=1", "reward_workers=0", "rollout.prompts_per_step=4", "rollout.group_size=4",
             "train.threads=1", "optim.warmup_steps=0", "optim.lr=1e-3", LEARNING_SIGNAL])
 
+    half = getattr(torch, dtype)
     full = Trainer(cfg("full")).fit(progress=False).run_dir
     cut = interrupted_and_resumed(cfg("cut"), monkeypatch, in_step=2)
     wa, wb = weights(full / "final"), weights(cut / "final")
-    assert all(v.dtype == torch.bfloat16 for v in wa.values())
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the masters came back from the checkpoint, so the bf16 weights did too
+    assert all(v.dtype == half for v in wa.values())
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # the masters came back from the checkpoint, so the half weights did too
     start = weights(tiny_model_dir)
-    assert any(not torch.equal(wa[k], start[k].to(torch.bfloat16)) for k in wa)
+    assert any(not torch.equal(wa[k], start[k].to(half)) for k in wa)
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("_per_s")} for r in rows]  # noqa: E731
-    assert strip(read_metrics(full / "metrics.jsonl")) == strip(read_metrics(cut / "metrics.jsonl"))
+    rows = read_metrics(full / "metrics.jsonl")
+    assert strip(rows) == strip(read_metrics(cut / "metrics.jsonl"))
+    rows = [r for r in rows if "actor/loss" in r]  # the training steps (not the evaluations before and after)
+    assert [r["actor/skipped_updates"] for r in rows] == [0.0, 0.0]
+    assert [r.get("actor/loss_scale") for r in rows] == ([2.0**17, 2.0**18] if dtype == "float16" else [None, None])
 
 
 @pytest.mark.parametrize("disable", [True, False])

@@ -37,7 +37,8 @@ class ModelConfig(Section):
     weights are bf16 — the sampler decodes and the learner runs forward and backward with them —
     and the optimizer keeps fp32 master weights and moments, so small updates are not rounded
     away; logprobs and the loss are fp32 either way (`assay.training.precision`). `float16`:
-    the same with fp16 weights (no loss scaling; prefer bfloat16)."""
+    the same with fp16 weights and dynamic loss scaling (`actor/loss_scale`), for GPUs without bf16 (V100, T4);
+    where bf16 runs, prefer it: fp16's narrow range costs skipped steps and scale changes bf16 never needs."""
     tf32: bool = True
     """On a CUDA device, let fp32 matmuls use TF32 tensor cores (`torch.backends.cuda.matmul.allow_tf32`);
     false keeps them in full fp32. No effect on a CPU or on bf16 weights."""

@@ -101,7 +101,8 @@ class POConfig(Section):
     device: str = "cpu"
     """Torch device: `cpu`, `cuda`, `cuda:1`."""
     dtype: str = "float32"
-    """Parameter dtype (`float32`, `bfloat16`); keep float32 on CPU."""
+    """Parameter dtype: `float32` (keep it on a CPU), `bfloat16` or `float16` (fp32 master weights; fp16 with loss scaling),
+    as `model.dtype` means for `assay train`."""
     loss: str = "dpo"
     """The preference loss (docs/preference.md): `dpo`, `cdpo`, `robust`, `ipo`, `hinge`, `simpo`, `orpo`, `kto`,
     or `module:function`."""

@@ -122,8 +122,9 @@ class PreferenceTrainer(Trainer):
         t_upd = time.perf_counter()
         groups = split_groups(trajs, results)
         self.rest_sampler()
+        skipped = self.weights.skipped
         update, chosen = self._raft(groups) if self.raft else self._preference(groups)
-        metrics.update(update)
+        metrics.update({**update, **self.weights.metrics(skipped)})
         metrics.update(self._canary(trajs, chosen))
         self.sampler.update_weights(self.model, self.step + 1)
         metrics.update(sampler_metrics(self.sampler))
@@ -158,7 +159,8 @@ class PreferenceTrainer(Trainer):
         for idx in self._steps(len(rows)):
             self.weights.zero_grad()
             part = idx.tolist()
-            m = objective.step(self.model, [rows[i] for i in part], ref[idx], [partners[i] for i in part]) if part else {}  # type: ignore[union-attr]
+            m = objective.step(self.model, [rows[i] for i in part], ref[idx], [partners[i] for i in part],  # type: ignore[union-attr]
+                               loss_scale=self.weights.loss_scale) if part else {}
             m["actor/grad_norm"] = self._optimizer_step(bool(part))
             for k, v in m.items():
                 sums.setdefault(k, []).append(v)
@@ -184,7 +186,7 @@ class PreferenceTrainer(Trainer):
                 sub = batch.select(idx)
                 # REINFORCE with advantage 1 on every kept token is the NLL's gradient: SFT, aggregated as algo.aggregation says
                 m = accumulate_step(self.model, None, sub, sub.mask.clone(), algo, 1.0, cfg.rollout.max_new_tokens, self.micro_batch_tokens,
-                                    cfg.train.fast_forward)
+                                    cfg.train.fast_forward, loss_scale=self.weights.loss_scale)
                 m = {"raft/nll": m["actor/loss"]}
             m["actor/grad_norm"] = self._optimizer_step(bool(m))
             for k, v in m.items():

@@ -112,10 +112,11 @@ class Objective:
         return Singles(lp, lens, good, kl_pol), Singles(ref[:, 0], lens, good, kl_ref)
 
     def step(self, model, rows: list[Row], ref: torch.Tensor, partners: list[Row] | None = None, backward: bool = True,
-             prefix: str = "po/", micro: int | None = None) -> dict[str, float]:
+             prefix: str = "po/", micro: int | None = None, loss_scale: float = 1.0) -> dict[str, float]:
         """The loss of `rows` (mean over pairs, or responses for an unpaired loss) and, with `backward`, its gradient
         accumulated into the model's parameters (the optimizer step is the caller's). `ref [R, k]` from `reference`;
-        `micro` rows per forward (None: the objective's `micro_batch`). Returns the batch's metrics under `prefix`
+        `micro` rows per forward (None: the objective's `micro_batch`); `loss_scale` multiplies the loss before the backward
+        (`MasterWeights.loss_scale`). Returns the batch's metrics under `prefix`
         (docs/metrics.md)."""
         if not rows:
             return {}
@@ -140,7 +141,7 @@ class Objective:
                 out = self.fn(pol, rf, **self.args)
                 loss = out.loss.sum() / units
             if backward:
-                loss.backward()
+                (loss * loss_scale).backward()
             share = out.loss.numel() / units
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
             for key, v in out.metrics.items():

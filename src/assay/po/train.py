@@ -252,7 +252,8 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
                         idx = batch_indices(len(rows), cfg.train.batch_size, cfg.seed, step - 1)
                         weights.zero_grad()
                         last.clear()
-                        last.update(objective.step(model, [rows[i] for i in idx], ref["train"][idx], [rows[i - 1] for i in idx]))
+                        last.update(objective.step(model, [rows[i] for i in idx], ref["train"][idx], [rows[i - 1] for i in idx],
+                                                                   loss_scale=weights.loss_scale))
                         last["po/lr"] = weights.optimizer.param_groups[0]["lr"]
                         last["po/grad_norm"] = weights.step(cfg.optim.grad_clip)
                         sched.step()

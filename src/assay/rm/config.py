@@ -93,7 +93,8 @@ class RMConfig(Section):
     device: str = "cpu"
     """Torch device: `cpu`, `cuda`, `cuda:1`."""
     dtype: str = "float32"
-    """Parameter dtype (`float32`, `bfloat16`); keep float32 on CPU."""
+    """Parameter dtype: `float32` (keep it on a CPU), `bfloat16` or `float16` (fp32 master weights; fp16 with loss scaling),
+    as `model.dtype` means for `assay train`."""
     lora: LoraSettings | None = None
     """Train low-rank adapters and the score head instead of every weight (`peft`; the `lora` extra),
     for example `{r: 8, alpha: 16}`: checkpoints hold the adapters and the head, `final/` the merged

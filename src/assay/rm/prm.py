@@ -102,7 +102,7 @@ def train_step(model, encoder: StepEncoder, rows: list[StepRow], cfg, weights, s
     logits, labels = _row_logits(model, encoder, rows)
     loss, metrics = prm_loss(logits, labels)
     weights.zero_grad()
-    loss.backward()
+    weights.backward(loss)
     metrics["rm/lr"] = weights.optimizer.param_groups[0]["lr"]
     metrics["rm/grad_norm"] = weights.step(cfg.optim.grad_clip)
     sched.step()

@@ -142,7 +142,7 @@ def train_step(model, encoder: Encoder, pairs: list[Pair], cfg: RMConfig, weight
     loss, metrics = rm_loss(scores[:n], scores[n:], lengths[:n].to(device), lengths[n:].to(device), margin=cfg.loss.margin,
                             center_coef=cfg.loss.center_coef, length_coef=cfg.loss.length_coef)
     weights.zero_grad()
-    loss.backward()
+    weights.backward(loss)
     metrics["rm/lr"] = weights.optimizer.param_groups[0]["lr"]
     metrics["rm/grad_norm"] = weights.step(cfg.optim.grad_clip)
     sched.step()

@@ -128,7 +128,7 @@ class Critic:
                 else:
                     loss_mat, lm = value_loss(self.model(batch.select(idx)), old_values[idx], returns[idx], m, clip=self.cfg.value_clip)
                     loss = aggregate(loss_mat, m, "token-mean")
-                    loss.backward()
+                    self.weights.backward(loss)
                     step = {"critic/loss": loss.item(), "critic/vf_clip_frac": lm["vf_clip_frac"]}
                 step["critic/grad_norm"] = self.weights.step(self.cfg.grad_clip)
                 for k, v in step.items():

@@ -186,7 +186,8 @@ def skips_inert_rows(algo: AlgoConfig, ref_model=None) -> bool:
 
 
 def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, algo: AlgoConfig, temperature: float, norm: int,
-                    micro_batch_tokens: int = 0, fast: bool = True, skip_inert: bool = False, total: float | None = None) -> dict[str, float]:
+                    micro_batch_tokens: int = 0, fast: bool = True, skip_inert: bool = False, total: float | None = None,
+                    loss_scale: float = 1.0) -> dict[str, float]:
     """Forward and backward over `batch` in micro-batches, accumulating gradients (the optimizer step is the caller's).
 
     The gradient equals that of one `policy_step` over the whole batch: each micro-batch's
@@ -209,6 +210,8 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
     `total` is the aggregation's denominator (tokens or sequences) over a whole batch of which
     `batch` is a part (a rank's share, `assay.training.dist`); the loss is then this part's share
     of the whole batch's, and the metrics describe this part. None: `batch` is the whole batch.
+
+    `loss_scale` multiplies the loss of every backward (fp16's loss scaling: `MasterWeights.loss_scale`).
     """
     B = batch.mask.shape[0]
     unit = getattr(AGGREGATIONS.get(algo.aggregation), "unit", None)
@@ -222,7 +225,7 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
         raise AssayError(f"algo.aggregation={algo.aggregation!r} declares no unit, so a part of a batch cannot take its share of the loss")
     if not skipped and total is None and (not micro_batch_tokens or unit is None or B * batch.input_ids.shape[1] <= micro_batch_tokens):
         loss, metrics = policy_step(model, ref_model, batch, advantages, algo, temperature, norm, fast)
-        loss.backward()
+        (loss * loss_scale).backward()
         return {**metrics, "actor/skipped_frac": 0.0} if skip_inert else metrics
     total = own if total is None else total
     live_batch = batch.select(rows) if skipped else batch
@@ -237,7 +240,7 @@ def accumulate_step(model, ref_model, batch: Batch, advantages: torch.Tensor, al
         if share == 0.0:
             continue
         loss, metrics = policy_step(model, ref_model, sub, adv, algo, temperature, norm, fast)
-        (loss * share).backward()
+        (loss * (share * loss_scale)).backward()
         ran += share
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v * share

@@ -19,6 +19,16 @@ parameter, while the fp32 master accumulates it. Memory per parameter is the sam
 (2 + 2 + 4 + 8 bytes: bf16 weight and gradient, fp32 master and two moments). Logprobs, the
 policy loss and its aggregation are computed in fp32 whatever the dtype: the LM head's matmul
 runs in the parameter dtype (fp32 accumulation) and its output is cast to fp32 before the softmax.
+
+`float16` adds dynamic loss scaling (Micikevicius et al., "Mixed Precision Training", ICLR 2018, arXiv:1710.03740):
+fp16 has bf16's precision to spare but only five exponent bits, so gradients below 2^-24 (common in the backward of a
+long sequence's token-mean loss) flush to zero. The loss is multiplied by a scale before the backward (`backward`), the
+fp32 master gradients divided by it, and the scale halved whenever the gradient overflows (that step is skipped) and
+doubled after 2,000 steps without overflow, as `torch.amp.GradScaler` does. bf16 has fp32's exponent range and needs none.
+
+Whatever the dtype, a step whose gradient norm is not finite (inf or NaN: an overflow, a poisoned batch) is skipped
+rather than written into the weights and AdamW's moments, where one NaN would stay for the rest of the run (verl's actor
+does the same); `skipped` counts them (`actor/skipped_updates`).
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import math
 from typing import Any, Callable, Iterable
 
 import torch
+
+from assay.log import log
 
 
 class MasterWeights:
@@ -37,40 +49,80 @@ class MasterWeights:
         make_optimizer: builds the optimizer over the tensors it should step (the fp32 masters,
             or the parameters themselves when they are fp32), e.g. `lambda ps: torch.optim.AdamW(ps, lr=1e-5)`.
 
-    `optimizer` is that optimizer (a learning-rate scheduler wraps it); `step(max_norm)` clips
-    and steps; `master_state()` / `load_master(state)` carry the masters through a checkpoint.
+    `optimizer` is that optimizer (a learning-rate scheduler wraps it); `backward(loss)` runs a backward at the loss
+    scale (`loss_scale`: 1 unless a parameter is fp16; a caller that runs its own backward multiplies its loss by it);
+    `step(max_norm)` unscales, clips and steps, or skips a non-finite gradient; `master_state()` / `load_master(state)`
+    carry the masters and the loss scale through a checkpoint.
     """
+
+    INITIAL_SCALE = 2.0**16  # torch.amp.GradScaler's defaults
+    GROWTH_INTERVAL = 2000
 
     def __init__(self, params: Iterable[torch.nn.Parameter], make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
         self.params = [p for p in params if p.requires_grad]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else []
         self.optimizer = make_optimizer(self.master if self.mixed else self.params)
+        self.scaled = any(p.dtype == torch.float16 for p in self.params)
+        self.loss_scale = self.INITIAL_SCALE if self.scaled else 1.0
+        self.good_steps = 0  # finite steps since the loss scale last changed
+        self.skipped = 0  # steps skipped over a non-finite gradient, over the run
 
     def zero_grad(self) -> None:
         for p in (*self.params, *self.master):
             p.grad = None
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """`loss.backward()` at the loss scale."""
+        (loss * self.loss_scale if self.scaled else loss).backward()
+
     def step(self, max_norm: float) -> float:
-        """Clip the gradient norm to `max_norm` (in fp32) and step; returns the norm before clipping."""
+        """Unscale, clip the gradient norm to `max_norm` (in fp32) and step; returns the norm before clipping. A norm that
+        is not finite skips the step (the weights and the optimizer's state stay as they were) and, under loss scaling,
+        halves the scale."""
         if self.mixed:
             for m, p in zip(self.master, self.params):
                 m.grad = None if p.grad is None else p.grad.float()
+                if m.grad is not None and self.scaled:
+                    m.grad.div_(self.loss_scale)
                 p.grad = None  # the fp32 copy is the gradient now: the bf16 one need not stay alive through the step
-        norm = torch.nn.utils.clip_grad_norm_(self.master if self.mixed else self.params, max_norm)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.master if self.mixed else self.params, max_norm))
+        if not math.isfinite(norm):
+            self.skipped += 1
+            self.zero_grad()
+            if self.scaled:
+                self.loss_scale, self.good_steps = self.loss_scale / 2, 0
+            else:
+                log.warning(f"the gradient norm is {norm}: this optimizer step is skipped (the weights stay as they were)")
+            return norm
         self.optimizer.step()
         if self.mixed:
             with torch.no_grad():
                 for m, p in zip(self.master, self.params):
                     p.copy_(m)
-        return float(norm)
+        self.good_steps += 1
+        if self.scaled and self.good_steps >= self.GROWTH_INTERVAL:
+            self.loss_scale, self.good_steps = self.loss_scale * 2, 0
+        return norm
 
-    def master_state(self) -> list[torch.Tensor] | None:
-        """The fp32 masters (None when the parameters are fp32 themselves): what a resumed run needs beyond the bf16 weights."""
-        return [m.detach().cpu() for m in self.master] if self.mixed else None
+    def metrics(self, skipped_before: int) -> dict[str, float]:
+        """`actor/skipped_updates` since the count was `skipped_before` and, under loss scaling, `actor/loss_scale`."""
+        out = {"actor/skipped_updates": float(self.skipped - skipped_before)}
+        return {**out, "actor/loss_scale": self.loss_scale} if self.scaled else out
 
-    def load_master(self, state: list[torch.Tensor] | None) -> None:
-        """Restore the masters from `master_state()`; with None (a checkpoint without them), re-read them from the parameters."""
+    def master_state(self) -> dict[str, Any]:
+        """What a resumed run needs beyond the weights: the fp32 masters (None when the parameters are fp32 themselves), the
+        loss scale and the counts."""
+        return {"masters": [m.detach().cpu() for m in self.master] if self.mixed else None, "loss_scale": self.loss_scale,
+                "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_master(self, state: dict[str, Any] | list[torch.Tensor] | None) -> None:
+        """Restore what `master_state()` saved (a list: the masters alone, as older checkpoints hold them); with None (a
+        checkpoint without them), re-read the masters from the parameters."""
+        if isinstance(state, dict):
+            self.loss_scale = float(state["loss_scale"]) if self.scaled else 1.0
+            self.good_steps, self.skipped = int(state["good_steps"]), int(state["skipped"])
+            state = state["masters"]
         if not self.mixed:
             return
         with torch.no_grad():

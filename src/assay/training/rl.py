@@ -232,7 +232,9 @@ class Trainer(Checkpoints):
         if takes_forward_process(cfg.algo):  # DiffusionNFT: the noisings and the rollout policy's velocities, before any step
             batch = dataclasses.replace(batch, draws=(self.model if self.old is None else self.old.model).draw_noisings(batch, self.generator))
         self.rest_sampler()
+        skipped = self.weights.skipped
         metrics.update(self._update(batch, advantages))
+        metrics.update(self.weights.metrics(skipped))
         self.sampler.update_weights(self.model, self.step + 1)
         if self.old is not None:
             metrics.update(self.old.after_update(self.model, self.step))
@@ -346,7 +348,7 @@ class Trainer(Checkpoints):
                 self.weights.zero_grad()
                 m = accumulate_step(self.model, self.ref, batch.select(idx), advantages[idx], cfg.algo, cfg.rollout.temperature,
                                     cfg.rollout.max_new_tokens, self.micro_batch_tokens, cfg.train.fast_forward,
-                                    cfg.train.skip_zero_advantage)
+                                    cfg.train.skip_zero_advantage, loss_scale=self.weights.loss_scale)
                 m["actor/grad_norm"] = self.weights.step(cfg.optim.grad_clip)
                 for k, v in m.items():
                     agg.setdefault(k, []).append(v)

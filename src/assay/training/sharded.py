@@ -69,7 +69,8 @@ class ShardedTrainer(Trainer):
                 raise AssayError(f"torchrun with {ranks.world} processes: rollout.backend={cfg.rollout.backend} is not supported "
                                  "(torch and vllm generate on every rank, openai with one server that every rank sends its share to)")
             if cfg.model.dtype == "float16":  # FSDP2's mixed precision is set up for bf16 only; fp16 would train in fp32 unsaid
-                raise AssayError(f"torchrun with {ranks.world} processes: model.dtype=float16 is not supported (no loss scaling); "
+                raise AssayError(f"torchrun with {ranks.world} processes: model.dtype=float16 is not supported (sharded training "
+                                 "casts to bf16 only; fp16 and its loss scaling run in one process); "
                                  "give model.dtype=bfloat16 or float32")
         return ranks
 
@@ -200,9 +201,8 @@ class ShardedTrainer(Trainer):
     # -- checkpoints -------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         state = super()._state()
-        if self.ranks.active:  # the model's and optimizer's state are in the sharded files
+        if self.ranks.active:  # the model's and optimizer's state are in the sharded files (the shards are fp32: no masters)
             state.pop("optimizer")
-            state.pop("master_weights")
         return state
 
     def save(self) -> Path:
