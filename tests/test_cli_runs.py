@@ -193,20 +193,28 @@ def test_pruning_sets_aside_a_checkpoint_newer_than_the_one_just_saved(tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # dcp.save in one process, as intended
-def test_a_torchrun_checkpoint_s_shards_are_checked(tmp_path):
-    """`dcp/` holds a torchrun job's weights and optimizer state: a shard cut short, or its `.metadata` gone, is damage."""
+def test_a_torchrun_checkpoint_s_shards_are_checked(tmp_path, monkeypatch, caplog):
+    """`dcp/` holds a torchrun job's weights and optimizer state: a shard cut short, or its `.metadata` gone, is damage.
+    Every rank of a resumed job passes it over; rank 0 alone says so."""
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from assay.training.checkpoint import damage
+    from assay.training.checkpoint import STATE_FILE, damage, resumable_checkpoint
 
-    folder = tmp_path / "step_000002"
-    dcp.save({"w": torch.arange(4096.0), "b": torch.ones(3)}, checkpoint_id=str(folder / "dcp"), no_dist=True)
-    (folder / "run.json").write_text("{}")
+    for step in (1, 2):
+        folder = tmp_path / f"step_{step:06d}"
+        dcp.save({"w": torch.arange(4096.0), "b": torch.ones(3)}, checkpoint_id=str(folder / "dcp"), no_dist=True)
+        (folder / "run.json").write_text("{}")
+        torch.save({"step": step}, folder / STATE_FILE)
     assert damage(folder) is None
     (shard,) = (folder / "dcp").glob("*.distcp")
     shard.write_bytes(shard.read_bytes()[:-100])
     assert "is shorter than .metadata says" in damage(folder)
+    with caplog.at_level("WARNING", logger="assay"):
+        for rank in ("1", "0"):
+            monkeypatch.setenv("RANK", rank)
+            assert resumable_checkpoint(tmp_path) == tmp_path / "step_000001"
+            assert ("step_000002 is damaged" in caplog.text) == (rank == "0"), rank
     (folder / "dcp" / ".metadata").unlink()
     assert damage(folder) == "dcp/.metadata is missing"
     (folder / "dcp").rename(tmp_path / "elsewhere")

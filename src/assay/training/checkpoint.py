@@ -165,7 +165,8 @@ def resumable_checkpoint(ckpt_dir: Path) -> Path | None:
             continue
         if what is None:
             for bad, why in damaged:
-                if str(bad) not in _WARNED:  # the command reads the config from it, then the trainer resumes: one warning
+                # the command reads the config from it, then the trainer resumes: one warning, and under torchrun rank 0's
+                if str(bad) not in _WARNED and os.environ.get("RANK", "0") == "0":
                     _WARNED.add(str(bad))
                     log.warning(f"checkpoint {bad} is damaged ({why}); taking {ckpt.name}, the newest one that is whole")
             return ckpt
