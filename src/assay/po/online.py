@@ -108,12 +108,8 @@ class PreferenceTrainer(Trainer):
         self.health = CanaryGates.around(self.health, pref.canary_floor)
         if self.executor.verifier is not None:  # its own canary already re-scores every completion
             self.watch.drop_canary()
-        if resume:  # the loop restored the plain gates' state; the canary's own is in the same record
-            from assay.training.checkpoint import load_state
-
-            saved = load_state(self.resumed_from).get("health")
-            if saved is not None:
-                self.health.load_state_dict(saved)
+        if self.resumed_health is not None:  # the loop restored the plain gates' state; the canary's own is in the same record
+            self.health.load_state_dict(self.resumed_health)
 
     def learn(self, rollout) -> dict[str, float]:
         """Pairs (or the best completions) of the collected groups, the update, the step's metrics."""

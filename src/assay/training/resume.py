@@ -85,8 +85,9 @@ class Checkpoints:
         self._load_extras(ckpt, state)
         if self.old is not None:
             self.old.load(ckpt, state["step"])
-        if state.get("health") is not None:
-            self.health.load_state_dict(state["health"])
+        self.resumed_health = state.get("health")
+        if self.resumed_health is not None:
+            self.health.load_state_dict(self.resumed_health)
         if state.get("async_health") is not None:
             self.async_health.load_state_dict(state["async_health"])
         self.watch.load_state_dict(state.get("monitor"))

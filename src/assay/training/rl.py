@@ -114,6 +114,7 @@ class Trainer(Checkpoints):
         self.async_health = AsyncHealth()
         self.resumed_versions: dict[int, dict[str, torch.Tensor]] = {}
         self.resumed_from: Path | None = None  # the checkpoint `--resume` continued from
+        self.resumed_health: dict[str, Any] | None = None  # its health gates' state, for gates a subclass wraps around them
         self._wall_offset, self._wall_t0 = 0.0, time.perf_counter()
         if cfg.train.activation_checkpointing:  # the model's own forward and assay's (models/llama.py) both read this flag
             enable_checkpointing(self.model)
