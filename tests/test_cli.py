@@ -114,11 +114,20 @@ def test_a_field_mapped_to_a_missing_column_is_one_line(tmp_path):
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10)))
-    for fields, needle in (({"prompt": "question", "answer": "solution"}, "d.jsonl: row 1 has no answer column 'solution'"),
+    for fields, needle in (({"prompt": "question", "answer": "solution"}, "d.jsonl: row 1 has no answer column 'solution'; its columns: question, answer"),
                            ({"prompt": "question", "answr": "answer"}, "unknown field mapping key 'answr'; allowed: prompt, answer, id"),
-                           ({"prompt": "question", "id": "uid"}, "row 1 has no id column 'uid'")):
+                           ({"prompt": "question", "id": "uid"}, "row 1 has no id column 'uid'"),
+                           ({}, "row 1 has no prompt column 'prompt'; its columns: question, answer (map one with data.fields.prompt=COLUMN)")):
         with pytest.raises(AssayError) as e:
             build_source(DataConfig(path=str(data), fields=fields), 0, 5)
+        assert needle in one_line(e)
+    # the message names the columns there are, one level into an object, and says when rows sit under one key
+    nested, under = tmp_path / "nested.jsonl", tmp_path / "under-a-key.json"
+    nested.write_text(json.dumps({"meta": {"q": "1+1=", "a": "2"}, "n": 1}) + "\n")
+    under.write_text(json.dumps({"data": [{"q": f"{i}+1=", "a": str(i + 1)} for i in range(3)]}))
+    for path, needle in ((nested, "its columns: meta.q, meta.a, n"), (under, "its columns: data (a list of 3 objects; rows kept under one key")):
+        with pytest.raises(AssayError) as e:
+            build_source(DataConfig(path=str(path)), 0, 5)
         assert needle in one_line(e)
     assert build_source(DataConfig(path=str(data), fields={"prompt": "question"}), 0, 5).heldout[0].answer is not None
 

@@ -104,6 +104,25 @@ def test_a_device_this_machine_lacks_is_one_line():
         check_device("gpu0")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_every_command_refuses_a_device_this_machine_lacks_in_one_line(tmp_path):
+    """A run or command given `cuda` (or `mps`) where torch sees none: one line, exit 2, no run folder, never torch's
+    traceback from the first `.to(device)`."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n' * 8)
+    out = tmp_path / "runs"
+    commands = [("train", "model.device=mps", f"output_dir={out}"),
+                ("rm", "train", f"data.path={pairs}", "device=cuda", f"output_dir={out}"),
+                ("po", "train", f"data.path={pairs}", "device=cuda:1", f"output_dir={out}"),
+                ("eval", "--model", "tiny-arith", "--device", "cuda", "--n", "2"),
+                ("serve", "model", "tiny-arith", "--device", "cuda", "--port", "0")]
+    for args in commands:
+        p = subprocess.run([sys.executable, "-m", "assay", *args], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr)
+        assert p.stderr.strip().splitlines()[-1].startswith("assay: error: device '") and "sees no" in p.stderr, (args, p.stderr)
+    assert not out.exists()
+
+
 def test_rng_state_without_cuda_state_and_a_cuda_state_on_a_cpu_machine():
     state = rng_state()
     assert "sampler" not in state and ("cuda" in state) == (torch.cuda.is_available() and torch.cuda.is_initialized())

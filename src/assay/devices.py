@@ -68,7 +68,11 @@ def check_device(device: str) -> torch.device:
             raise AssayError(f"device {device!r}: this torch ({torch.__version__}) sees no CUDA device; use cpu, or install a CUDA build of torch")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise AssayError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif dev.type not in ("cpu", "mps", "xpu"):
+    elif dev.type in ("mps", "xpu"):
+        backend = getattr(torch.backends, "mps", None) if dev.type == "mps" else getattr(torch, "xpu", None)
+        if backend is None or not backend.is_available():
+            raise AssayError(f"device {device!r}: this torch ({torch.__version__}) sees no {dev.type} device; use cpu or cuda")
+    elif dev.type != "cpu":
         raise AssayError(f"device {device!r}: assay runs on cpu or cuda (mps and xpu untested)")
     return dev
 

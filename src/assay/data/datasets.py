@@ -29,14 +29,14 @@ from assay.vision.inputs import jsonable, resolve_images
 CORE_FIELDS = ("prompt", "answer", "id")
 
 
-def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_jsonl(path: str | Path, strict: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
     """`(line number, row)` for each non-blank line of a JSONL file, read as it goes.
 
     A missing file, a line that is not JSON, or one that is not an object is one
-    `AssayError` that names the file and the line. The text is decoded as `_text_lines` says.
+    `AssayError` that names the file and the line. The text is decoded as `_text_lines` says (`strict`).
     """
     with _open_data(path) as f:
-        for lineno, line in _text_lines(f, path):
+        for lineno, line in _text_lines(f, path, strict):
             line = line.strip()
             if not line:
                 continue
@@ -49,19 +49,20 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, row
 
 
-def _text_lines(f: Any, path: str | Path) -> Iterator[tuple[int, str]]:
+def _text_lines(f: Any, path: str | Path, strict: bool = True) -> Iterator[tuple[int, str]]:
     """`(line number, text)` for each line of a data file opened in bytes, line ends kept.
 
     UTF-8, with or without the byte-order mark Windows tools write. A file that starts with UTF-16's byte-order mark (what
     Windows PowerShell 5's `>` and `Out-File` write) is read as UTF-16. Anything else that is not UTF-8 (a spreadsheet
     saved in a Windows code page, Latin-1) is one line naming the file, the line, the column and the byte: decoding it
-    with replacement characters would change answers and prompts without a word.
+    with replacement characters would change answers and prompts without a word. Not `strict`: such bytes are read as
+    replacement characters (what `assay reward score` does with model outputs, which may end inside a character).
     """
     head = f.peek(4)[:4] if hasattr(f, "peek") else b""
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) and not head.startswith(b"\xff\xfe\x00\x00"):
         import io
 
-        text = io.TextIOWrapper(f, encoding="utf-16", newline="")
+        text = io.TextIOWrapper(f, encoding="utf-16", errors="strict" if strict else "replace", newline="")
         try:
             yield from enumerate(text, 1)
         except UnicodeDecodeError as e:
@@ -71,7 +72,7 @@ def _text_lines(f: Any, path: str | Path) -> Iterator[tuple[int, str]]:
         return
     for lineno, raw in enumerate(f, 1):
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8", errors="strict" if strict else "replace")
         except UnicodeDecodeError as e:
             column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
             raise AssayError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); save it as UTF-8 "
@@ -222,7 +223,8 @@ def rows_to_samples(rows: list[dict[str, Any]], fields: dict[str, str], source: 
         values = {k: column(row, n) for k, n in names.items()}
         for k, v in values.items():
             if v is MISSING and (k == "prompt" or k in fields):
-                raise AssayError(f"{source}: row {i + 1} has no {k} column {names[k]!r} (map it with data.fields.{k}=COLUMN)")
+                raise AssayError(f"{source}: row {i + 1} has no {k} column {names[k]!r}; its columns: {_names(row)} "
+                                 f"(map one with data.fields.{k}=COLUMN)")
         prompt = values["prompt"]
         if not isinstance(prompt, str):
             prompt = check_messages(prompt, f"{source}: row {i + 1}")
@@ -232,6 +234,18 @@ def rows_to_samples(rows: list[dict[str, Any]], fields: dict[str, str], source: 
     if not out:
         raise AssayError(f"{source}: no rows")
     return out
+
+
+def _names(row: dict[str, Any], most: int = 12) -> str:
+    """The column names of `row`, and one level into a nested object as `data.fields` would name them (`data.question`
+    for rows a JSON file keeps under `data`), for a message."""
+    def rows_inside(v: Any) -> bool:  # `{"data": [{...}, ...]}`: rows kept under one key, which read as one row
+        return isinstance(v, list) and len(v) > 1 and all(isinstance(x, dict) and "role" not in x for x in v)
+
+    names = [f"{k}.{sub}" if sub is not None else f"{k} (a list of {len(v)} objects; rows kept under one key read as one row: give "
+             "them as a JSON array or one per line)" if rows_inside(v) else str(k)
+             for k, v in row.items() for sub in (list(v) if isinstance(v, dict) and v else [None])]
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "") if names else "none"
 
 
 def check_messages(prompt: Any, where: str) -> list[dict[str, Any]]:

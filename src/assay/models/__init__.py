@@ -229,8 +229,10 @@ def load_policy(path: str, device: str = "cpu", dtype: str = "float32", chat_tem
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from assay.devices import check_device
     from assay.models.lora import base_path, is_adapter_folder, merge_adapter
 
+    check_device(device)  # one line for a device this machine lacks, before any weights are read
     folder = resolve_model_path(path)
     quiet_hf()
     from assay.images.flow import is_image_policy

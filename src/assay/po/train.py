@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from assay.devices import check_device
 from assay.errors import AssayError
 from assay.log import log
 from assay.po.config import SAFE_ON_RESUME, POConfig, validate
@@ -199,12 +200,14 @@ def _folder(cfg: POConfig | None, resume, restart, overrides) -> tuple[POConfig,
     if restart is not None:
         cfg = validate(restart_data(restart, overrides))
         loss_args(cfg.loss, cfg.loss_args)
+        check_device(cfg.device)  # a device this machine lacks is one line before the folder is touched
         clear_outputs(restart)
         run_dir = new_run_dir(cfg, folder=restart)
     else:
         if cfg is None:
             raise AssayError("train_po: give a config or a run folder to resume")
         loss_args(cfg.loss, cfg.loss_args)  # a bad loss or argument is one line before any folder is made
+        check_device(cfg.device)
         run_dir = new_run_dir(cfg, default_name=f"po-{datetime.now():%Y%m%d-%H%M%S}")
     write_config(run_dir, cfg)
     return cfg, run_dir, None

@@ -24,8 +24,9 @@ _ROW_KEYS = ("id", "prompt", "completion", "answer")
 
 
 def read_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """`(line number, row)` for each JSONL row to score; AssayError names a bad line."""
-    for n, row in iter_jsonl(path):
+    """`(line number, row)` for each JSONL row to score; AssayError names a bad line. Bytes that are not UTF-8 (a model's
+    output cut inside a character) are read as replacement characters: the row is scored, not refused."""
+    for n, row in iter_jsonl(path, strict=False):
         if "completion" not in row:
             raise AssayError(f"{path}:{n}: missing field 'completion' (rows need prompt, completion, answer)")
         yield n, row

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from assay.devices import generator_for
+from assay.devices import check_device, generator_for
 from assay.errors import AssayError
 from assay.models import quiet_hf, resolve_model_path
 
@@ -85,6 +85,7 @@ def build_rm(path: str, seed: int = 0, dtype: str = "float32", device: str = "cp
     """`(reward model, tokenizer)` from a causal LM (a bundled name or a Hugging Face folder): its transformer, a new seeded head."""
     from transformers import AutoModelForSequenceClassification
 
+    check_device(device)
     folder = resolve_model_path(path)
     quiet_hf()
     try:
@@ -101,6 +102,7 @@ def load_rm(path: str | Path, device: str = "cpu") -> tuple[Any, Any, dict[str, 
     """`(reward model, tokenizer, assay_rm.json)` of a saved reward-model folder (or a run's `final/` given its run folder)."""
     from transformers import AutoModelForSequenceClassification
 
+    check_device(device)
     folder = Path(path)
     if (folder / "final" / "config.json").is_file():
         folder = folder / "final"

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from assay.devices import check_device
 from assay.errors import AssayError
 from assay.log import log
 from assay.report.metrics import JsonlSink
@@ -228,12 +229,14 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
         clean_leftovers(run_dir / "checkpoints")
     elif restart is not None:
         cfg = validate(restart_data(restart, overrides))
+        check_device(cfg.device)  # a device this machine lacks is one line before the folder is touched
         clear_outputs(restart)
         run_dir = new_run_dir(cfg, folder=restart)
         write_config(run_dir, cfg)
     else:
         if cfg is None:
             raise AssayError("train_rm: give a config or a run folder to resume")
+        check_device(cfg.device)
         run_dir = new_run_dir(cfg, default_name=f"rm-{datetime.now():%Y%m%d-%H%M%S}")
         write_config(run_dir, cfg)
     governor = ThreadGovernor(cfg.train.threads)  # 0: the cores other processes leave free, re-read before every step
