@@ -270,6 +270,8 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_in_its_own_folder(tin
     deadline = time.time() + 120
     while not (run / "metrics.jsonl").exists() and p.poll() is None and time.time() < deadline:
         time.sleep(0.02)
+    q = assay("train", "--restart", str(run), check=False)  # while it still runs: never clear its folder under it
+    assert q.returncode == 2 and f"is in use by another process (pid {p.pid})" in q.stderr and q.stderr.count("\n") == 1, q.stderr
     p.kill()
     p.communicate(timeout=60)
     assert (run / "config.yaml").is_file() and not list(run.glob("checkpoints/step_*"))
@@ -284,6 +286,60 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_in_its_own_folder(tin
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2] and (run / "final").is_dir()
     with pytest.raises(AssayError, match=f"continue it with --resume {run}"):
         train(restart=run)
+
+
+def test_a_second_process_cannot_train_in_a_folder_a_run_is_using(tiny_model_dir, tmp_path):
+    """`--resume` (from another terminal, or a scheduler that requeued a job still running) while the run trains: one
+    line naming the process, and nothing in the folder touched. Once that process is killed (SIGKILL: no clean-up of
+    its own), the system has dropped its lock and the resume goes on."""
+    run = tmp_path / "busy"
+    p = start("train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "run_name=busy", "train.steps=100000",
+              "train.save_every=1", "--no-progress", *RUN)
+    deadline = time.time() + 120
+    while not list(run.glob("checkpoints/step_*/trainer_state.pt")) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert p.poll() is None, p.stderr.read()
+    q = assay("train", "--resume", str(run), "--no-progress", check=False)
+    assert q.returncode == 2 and q.stderr.count("\n") == 1, q.stderr
+    assert f"run folder {str(run)!r} is in use by another process (pid {p.pid})" in q.stderr
+    assert p.poll() is None  # the running one goes on
+    p.kill()
+    p.communicate(timeout=60)
+    from assay.training.checkpoint import resumable_checkpoint
+
+    step = int(resumable_checkpoint(run / "checkpoints").name.split("_")[1])
+    assay("train", "--resume", str(run), f"train.steps={step + 1}", "--no-progress")
+    assert trained_rows(run) == step + 1 and (run / "final").is_dir()
+
+
+def test_the_run_folder_lock_is_one_process_s_and_goes_with_it(tmp_path):
+    """Holders in one process share the lock and the last release lets go; another process is refused while it is
+    held, whatever that process does with its own copy; a holder that is garbage-collected lets go."""
+    import gc
+
+    from assay.errors import AssayError
+    from assay.training.runs import RunFolderLock
+
+    hold = "import sys, time; from assay.training.runs import RunFolderLock; l = RunFolderLock(sys.argv[1]); print('held', flush=True); time.sleep(60)"
+    probe = "import sys; from assay.training.runs import RunFolderLock; RunFolderLock(sys.argv[1]).release(); print('free')"
+    first, second = RunFolderLock(tmp_path), RunFolderLock(tmp_path)
+    taken = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert taken.returncode != 0 and f"is in use by another process (pid {os.getpid()})" in taken.stderr
+    first.release()
+    first.release()  # once only: the second holder still has it
+    assert subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, timeout=60).returncode != 0
+    del second
+    gc.collect()
+    assert subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=60).stdout == "free\n"
+    other = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "held\n"
+        with pytest.raises(AssayError, match=f"in use by another process \\(pid {other.pid}\\)"):
+            RunFolderLock(tmp_path)
+    finally:
+        other.kill()
+        other.wait(timeout=60)
+    RunFolderLock(tmp_path).release()  # SIGKILL took it with the process
 
 
 def test_runs_without_a_name_get_a_folder_of_their_own(tmp_path):

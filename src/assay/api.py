@@ -86,7 +86,7 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
     from assay.training.runs import RunResult
     from assay.po.online import trainer_class  # assay.training.sharded's, or PreferenceTrainer for algo.objective other than pg
     from assay.po.selfjudge import serving_policy
-    from assay.training.runs import clear_outputs, restart_data, resume_config, stamped
+    from assay.training.runs import RunFolderLock, clear_outputs, restart_data, resume_config, stamped
 
     if resume is not None and restart is not None:
         raise AssayError("give one of resume (continue from the newest checkpoint) and restart (start again from the beginning)")
@@ -94,10 +94,12 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         raise AssayError(f"{'resume' if resume is not None else 'restart'} runs the folder's own config; give only overrides "
                          "(train.steps=...), not a config")
     folder: str | Path | None = resume
+    lock = None
     if resume is not None:
         cfg = resume_config(resume, list(overrides))
     elif restart is not None:
         cfg, folder = run_config(restart_data(restart, list(overrides))), restart
+        lock = RunFolderLock(restart)  # not while a run is still writing there; the trainer takes it over
         clear_outputs(restart)
     else:
         cfg = run_config(config, overrides)
@@ -106,6 +108,8 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
     if cfg.cluster.ray:  # workers placed by Ray (assay.cluster)
         return _train_on_ray(cfg, folder, resume is not None, progress)
     trainer = trainer_class()(cfg, run_dir=folder, resume=resume is not None)  # one rank of a torchrun job, or the one process
+    if lock is not None:
+        lock.release()
     if trainer.finished:
         print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
               "nothing to do (raise train.steps to continue it)", file=sys.stderr)

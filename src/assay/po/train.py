@@ -37,7 +37,7 @@ from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpo
 from assay.training.interrupt import Preempted, StopSignals
 from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.progress import RunProgress, _f
-from assay.training.runs import RUN_FILE, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
+from assay.training.runs import RUN_FILE, RunFolderLock, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
 
 REFERENCE_FILE = "reference.safetensors"
 PLOTS = {
@@ -191,16 +191,18 @@ def _save(run_dir: Path, step: int, model, tok, opt, sched, cfg: POConfig, sink:
     prune_checkpoints(ckpt_dir, cfg.train.keep_checkpoints, step)
 
 
-def _folder(cfg: POConfig | None, resume, restart, overrides) -> tuple[POConfig, Path, Path | None]:
-    """`(config, run folder, checkpoint to resume from)` for a new, resumed or restarted run."""
+def _folder(cfg: POConfig | None, resume, restart, overrides) -> tuple[POConfig, Path, Path | None, RunFolderLock]:
+    """`(config, run folder, checkpoint to resume from, the folder's lock)` for a new, resumed or restarted run."""
     if resume is not None:
         cfg, ckpt = resume_po_config(resume, overrides)
+        lock = RunFolderLock(resume)  # one process trains in a folder
         clean_leftovers(Path(resume) / "checkpoints")
-        return cfg, Path(resume), ckpt
+        return cfg, Path(resume), ckpt, lock
     if restart is not None:
         cfg = validate(restart_data(restart, overrides))
         loss_args(cfg.loss, cfg.loss_args)
         check_device(cfg.device)  # a device this machine lacks is one line before the folder is touched
+        lock = RunFolderLock(restart)
         clear_outputs(restart)
         run_dir = new_run_dir(cfg, folder=restart)
     else:
@@ -209,8 +211,9 @@ def _folder(cfg: POConfig | None, resume, restart, overrides) -> tuple[POConfig,
         loss_args(cfg.loss, cfg.loss_args)  # a bad loss or argument is one line before any folder is made
         check_device(cfg.device)
         run_dir = new_run_dir(cfg, default_name=f"po-{datetime.now():%Y%m%d-%H%M%S}")
+        lock = RunFolderLock(run_dir)
     write_config(run_dir, cfg)
-    return cfg, run_dir, None
+    return cfg, run_dir, None, lock
 
 
 def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, restart: str | Path | None = None,
@@ -221,7 +224,7 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
     from assay.rollout.base import pad_id
 
     started = time.perf_counter()
-    cfg, run_dir, ckpt = _folder(cfg, resume, restart, overrides)
+    cfg, run_dir, ckpt, lock = _folder(cfg, resume, restart, overrides)  # held to the end (or until an error's traceback goes)
     governor = ThreadGovernor(cfg.train.threads)
     torch.manual_seed(cfg.seed)
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype, cfg.chat_template)
@@ -289,7 +292,9 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
         sink.close()
         heldout.close()
     model.eval()
-    return _finish(run_dir, cfg, model, tok, steps, len(rows), len(held), last)
+    result = _finish(run_dir, cfg, model, tok, steps, len(rows), len(held), last)
+    lock.release()
+    return result
 
 
 def _finish(run_dir: Path, cfg: POConfig, model, tok, steps: int, n_rows: int, n_held: int, last: dict[str, Any]) -> POResult:

@@ -38,7 +38,7 @@ from assay.training.interrupt import Preempted, StopSignals
 from assay.training.precision import MasterWeights, lr_schedule
 from assay.training.checkpoint import clean_leftovers, load_state, prune_checkpoints, rng_state, save_checkpoint, set_rng_state
 from assay.training.progress import RunProgress, _f
-from assay.training.runs import RUN_FILE, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
+from assay.training.runs import RUN_FILE, RunFolderLock, clear_outputs, new_run_dir, restart_data, resumed_config, write_config
 
 
 @dataclass
@@ -226,10 +226,12 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
     if resume is not None:
         cfg, ckpt = resume_rm_config(resume, overrides)
         run_dir = Path(resume)
+        lock = RunFolderLock(run_dir)  # held to the end (or until an error's traceback goes): one process trains in a folder
         clean_leftovers(run_dir / "checkpoints")
     elif restart is not None:
         cfg = validate(restart_data(restart, overrides))
         check_device(cfg.device)  # a device this machine lacks is one line before the folder is touched
+        lock = RunFolderLock(restart)
         clear_outputs(restart)
         run_dir = new_run_dir(cfg, folder=restart)
         write_config(run_dir, cfg)
@@ -238,6 +240,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
             raise AssayError("train_rm: give a config or a run folder to resume")
         check_device(cfg.device)
         run_dir = new_run_dir(cfg, default_name=f"rm-{datetime.now():%Y%m%d-%H%M%S}")
+        lock = RunFolderLock(run_dir)
         write_config(run_dir, cfg)
     governor = ThreadGovernor(cfg.train.threads)  # 0: the cores other processes leave free, re-read before every step
     pairs, heldout = load_data(cfg)
@@ -296,6 +299,7 @@ def train_rm(cfg: RMConfig | None = None, *, resume: str | Path | None = None, r
     summary = {"steps": steps, f"train {'rows' if cfg.kind == 'prm' else 'pairs'}": len(pairs), "held-out rows": len(heldout),
                **{k: v for k, v in last.items() if k.startswith("eval/")}, "reward model": str(final)}
     write_report(run_dir, cfg.model_dump(mode="json"), summary, report_plots(run_dir))
+    lock.release()
     return RMResult(run_dir, final, last)
 
 

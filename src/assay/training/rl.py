@@ -57,7 +57,7 @@ from assay.training.interrupt import Preempted, StopSignals
 from assay.training.old_policy import OldPolicy
 from assay.training.progress import RunProgress
 from assay.training.resume import Checkpoints
-from assay.training.runs import RunResult, check_run_dir, new_run_dir, write_config
+from assay.training.runs import RunFolderLock, RunResult, check_run_dir, new_run_dir, write_config
 from assay.vision.inputs import has_images, shuffle_pictures
 
 
@@ -99,6 +99,7 @@ class Trainer(Checkpoints):
         self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
         self.watch = Watch.for_run(cfg, self.source.reward)  # hacking monitors, canary; before the run folder: a bad block leaves nothing
         self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
+        self.folder_lock = RunFolderLock(self.run_dir) if self.ranks.main else None  # before a resume cleans or truncates anything
         self.ckpt_dir = self.run_dir / "checkpoints"
         if cfg.cluster.ray and cfg.cluster.rollout_workers:  # generation on Ray actors (assay.cluster)
             from assay.cluster import RaySampler, connect
@@ -391,6 +392,8 @@ class Trainer(Checkpoints):
         last: dict[str, float] = {}
         with RunProgress(cfg.train.steps, self.step, enabled=progress) as bar, contextlib.ExitStack() as stack, \
                 StopSignals(notify=bar.note) as signals:
+            if self.folder_lock is not None:
+                stack.callback(self.folder_lock.release)  # last: after the files are closed
             stack.callback(self.executor.close)
             stack.callback(self.watch.close)
             self.trackers = Trackers(cfg.train.report_to if self.ranks.main else [], self.run_dir, cfg.model_dump(mode="json"), self._saved_at)

@@ -9,9 +9,12 @@ and worker counts); anything else would silently make a different run in the sam
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +26,61 @@ from pydantic import ValidationError
 from assay.config import RunConfig, apply_override, explain
 from assay.errors import AssayError
 from assay.training.checkpoint import latest_checkpoint, load_state, resumable_checkpoint
+
+
+LOCK_FILE = ".lock"
+
+
+class RunFolderLock:
+    """This process trains in `run_dir`: another process that tries to (a second `--resume` in another terminal, a
+    scheduler that requeued a job still running) gets one line, instead of two writers that truncate each other's
+    metrics, delete each other's half-written checkpoints and prune each other's finished ones.
+
+    A POSIX record lock (`lockf`) on `run_dir/.lock`, which also holds the holder's pid for the message: the system drops
+    it when the process ends however it ends (SIGKILL, a lost host), so there is never a stale lock to delete, and a
+    forked worker does not inherit it. Within one process holders share it (a restart's clean-up, then the trainer);
+    it is released when the last holder calls `release()` or is garbage-collected. A file system without locks is
+    let through.
+    """
+
+    _held: dict[str, list[int]] = {}  # resolved folder → [fd, holders in this process]
+
+    def __init__(self, run_dir: str | Path):
+        self.key = key = str(Path(run_dir).resolve())
+        held = self._held.get(key)
+        if held is not None:
+            held[1] += 1
+        else:
+            fd = os.open(Path(key) / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                if e.errno in (errno.EACCES, errno.EAGAIN):
+                    raise AssayError(f"run folder {str(run_dir)!r} is in use by another process (pid {owner or '?'}) that is "
+                                     "training in it; wait for it to end or stop it, then run this again") from None
+                fd = -1  # no locks on this file system (ENOLCK, EOPNOTSUPP): nothing to hold
+            if fd >= 0:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self._held[key] = [fd, 1]
+        self._release = weakref.finalize(self, RunFolderLock._drop, key)
+
+    @classmethod
+    def _drop(cls, key: str) -> None:
+        held = cls._held.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del cls._held[key]
+            if held[0] >= 0:
+                os.close(held[0])  # the lock goes with the descriptor
+
+    def release(self) -> None:
+        """Let go (once; later calls do nothing)."""
+        self._release()
 
 
 @dataclass
