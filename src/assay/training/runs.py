@@ -51,7 +51,10 @@ class RunFolderLock:
         if held is not None:
             held[1] += 1
         else:
-            fd = os.open(Path(key) / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fd = os.open(Path(key) / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+            except OSError as e:
+                raise AssayError(f"cannot write in run folder {str(run_dir)!r}: {e.strerror or e}") from None
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
