@@ -244,7 +244,8 @@ def test_text_that_windows_tools_write_is_read_or_refused_in_one_line(tmp_path):
     (tmp_path / "be.json").write_bytes(b"\xfe\xff" + json.dumps(rows, ensure_ascii=False, indent=2).encode("utf-16-be"))
     (tmp_path / "ps.csv").write_bytes(('prompt,answer\r\n"Combien font 2 + 2 ? Réponds.",4\r\n3+3=,6\r\n').encode("utf-16"))
     (tmp_path / "ps.jsonl.gz").write_bytes(gzip.compress(lines.encode("utf-16")))
-    for name in ("ps.jsonl", "be.json", "ps.csv", "ps.jsonl.gz"):
+    (tmp_path / "mac.csv").write_bytes('prompt,answer\r"Combien font 2 + 2 ? Réponds.",4\r3+3=,6\r'.encode())  # a classic Mac's line ends
+    for name in ("ps.jsonl", "be.json", "ps.csv", "ps.jsonl.gz", "mac.csv"):
         assert read_rows(str(tmp_path / name)) == rows, name
     bad = {"ansi.csv": ("prompt,answer\r\n1+1=,2\r\nCafé: 3+3=,6\r\n".encode("cp1252"), "ansi.csv:3: not UTF-8 text (byte 0xe9 at column 4)"),
            "latin.jsonl": ('{"prompt": "a"}\n{"prompt": "été"}\n'.encode("latin-1"), "latin.jsonl:2: not UTF-8 text (byte 0xe9 at column 13)"),

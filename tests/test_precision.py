@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -114,6 +116,34 @@ def test_a_gradient_that_is_not_finite_skips_the_step(caplog):
         assert "this optimizer step is skipped" in caplog.text
         after = plain.optimizer.state[plain.optimizer.param_groups[0]["params"][0]]
         assert torch.equal(q.detach(), kept) and all(torch.equal(after[k], v) for k, v in before.items()) and plain.skipped == 1
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")  # pytest drops the filter precision.py sets
+def test_an_fp16_base_under_fp32_adapters_is_still_loss_scaled(caplog):
+    """LoRA over an fp16 model: the adapters train in fp32, but the backward runs through the fp16 base, so the loss is
+    scaled and the adapters' gradients unscaled. A loss that is NaN at any scale says so once the scale falls below 1;
+    the scheduler stepped after a skipped step draws no torch warning."""
+    base = torch.nn.Parameter(torch.ones(2, dtype=torch.float16), requires_grad=False)
+    adapter = torch.nn.Parameter(torch.zeros(2))
+    weights = MasterWeights([base, adapter], _sgd)
+    assert weights.scaled and not weights.mixed and weights.loss_scale == 2.0**16
+    weights.backward((adapter * torch.tensor([3.0, 4.0])).sum() * 1e-3)
+    assert weights.step(max_norm=1e9) == pytest.approx(5e-3, rel=1e-4) and adapter.tolist() == pytest.approx([-3e-3, -4e-3])
+    sched = torch.optim.lr_scheduler.LambdaLR(weights.optimizer, lambda s: 1.0)
+    with caplog.at_level("WARNING", logger="assay"):
+        for _ in range(17):
+            weights.backward((adapter * float("nan")).sum())
+            assert math.isnan(weights.step(1.0))
+            sched.step()
+    assert weights.loss_scale == 2.0**-1 and weights.skipped == 17 and adapter.tolist() == pytest.approx([-3e-3, -4e-3])
+    assert caplog.text.count("the fp16 loss scale fell below 1") == 1
+    # pytest drops warning filters set while it imports, so the scheduler's warning is checked in a process of its own
+    skip_then_schedule = ("import torch; from assay.training.precision import MasterWeights; p = torch.nn.Parameter(torch.ones(2, "
+                          "dtype=torch.float16)); w = MasterWeights([p], lambda ps: torch.optim.SGD(ps, lr=1.0)); "
+                          "s = torch.optim.lr_scheduler.LambdaLR(w.optimizer, lambda i: 1.0); w.backward((p * float('inf')).sum()); "
+                          "w.step(1.0); s.step(); print(w.skipped)")
+    out = subprocess.run([sys.executable, "-c", skip_then_schedule], capture_output=True, text=True, timeout=120)
+    assert out.stdout == "1\n" and "lr_scheduler.step()" not in out.stderr, out.stderr
 
 
 def interrupted_and_resumed(cfg, monkeypatch, in_step: int):

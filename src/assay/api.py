@@ -12,6 +12,7 @@ script again, so they work the same from a script, a notebook or a test.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,18 +100,23 @@ def train(config: ConfigLike = None, *overrides: str, resume: str | Path | None 
         cfg = resume_config(resume, list(overrides))
     elif restart is not None:
         cfg, folder = run_config(restart_data(restart, list(overrides))), restart
-        lock = RunFolderLock(restart)  # not while a run is still writing there; the trainer takes it over
+        if os.environ.get("RANK", "0") == "0":  # not while a run is still writing there; the trainer (rank 0's) takes it over
+            lock = RunFolderLock(restart)
         clear_outputs(restart)
     else:
         cfg = run_config(config, overrides)
         if isinstance(config, (str, Path)) and cfg.run_name is None:
             folder = Path(cfg.output_dir) / stamped(Path(config).stem, cfg.output_dir)
-    if cfg.cluster.ray:  # workers placed by Ray (assay.cluster)
+    if cfg.cluster.ray:  # workers placed by Ray (assay.cluster); the learner (or learner actor 0) holds the folder from here
+        if lock is not None:
+            lock.release()
         return _train_on_ray(cfg, folder, resume is not None, progress)
     trainer = trainer_class()(cfg, run_dir=folder, resume=resume is not None)  # one rank of a torchrun job, or the one process
     if lock is not None:
         lock.release()
     if trainer.finished:
+        if trainer.folder_lock is not None:
+            trainer.folder_lock.release()
         print(f"assay: run {str(trainer.run_dir)!r} is already finished at step {trainer.step} (train.steps={cfg.train.steps}); "
               "nothing to do (raise train.steps to continue it)", file=sys.stderr)
         return RunResult(trainer.run_dir, trainer.summary())

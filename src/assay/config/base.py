@@ -67,8 +67,10 @@ def explain(err: ValidationError, data: dict[str, Any], root: type[BaseModel], w
 
 def yaml_problem(e: yaml.YAMLError) -> str:
     """A YAML error in one line with where it is: `line 3, column 7: mapping values are not allowed here`."""
-    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):  # bytes that are not text in its encoding
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int) and e.encoding != "unicode":  # bytes, not text
         return f"byte offset {e.position}: 0x{e.character:02x} is not {e.encoding} text ({e.reason}); save it as UTF-8"
+    if isinstance(e, yaml.reader.ReaderError):  # a control character in the text
+        return f"character {e.position}: {e.reason} (U+{e.character if isinstance(e.character, int) else 0:04X})"
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     context = getattr(e, "context", None)

@@ -70,14 +70,17 @@ def _text_lines(f: Any, path: str | Path, strict: bool = True) -> Iterator[tuple
         finally:
             text.detach()
         return
-    for lineno, raw in enumerate(f, 1):
-        try:
-            line = raw.decode("utf-8", errors="strict" if strict else "replace")
-        except UnicodeDecodeError as e:
-            column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
-            raise AssayError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); save it as UTF-8 "
-                             "(a spreadsheet: \"CSV UTF-8\"; a file in a Windows code page: `iconv -f cp1252 -t utf-8`)") from None
-        yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
+    lineno = 0
+    for chunk in f:
+        for raw in chunk.splitlines(keepends=True):  # a line ends at \n, \r\n or a lone \r (a classic Mac's CSV)
+            lineno += 1
+            try:
+                line = raw.decode("utf-8", errors="strict" if strict else "replace")
+            except UnicodeDecodeError as e:
+                column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
+                raise AssayError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); save it as UTF-8 "
+                                 "(a spreadsheet: \"CSV UTF-8\"; a file in a Windows code page: `iconv -f cp1252 -t utf-8`)") from None
+            yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ from assay.po.step import Objective
 from assay.rollout.base import pad_id, sampler_metrics
 from assay.training.groups import split_groups
 from assay.training.learner import accumulate_step
+from assay.training.precision import step_means
 from assay.training.rl import Trainer
 
 OBJECTIVES = ("pg", "raft")  # besides the preference losses
@@ -161,7 +162,7 @@ class PreferenceTrainer(Trainer):
             for k, v in m.items():
                 sums.setdefault(k, []).append(v)
         self.model.eval()
-        out = {k: sum(v) / len(v) for k, v in sums.items()}
+        out = step_means(sums)
         out.update({"po/pairs": float(len(rows)), "po/ties": float(got.ties), "po/unpaired_groups": float(got.unpaired)})
         return out, [(r.chosen, r.rejected) for r in rows]
 
@@ -188,7 +189,7 @@ class PreferenceTrainer(Trainer):
             for k, v in m.items():
                 out.setdefault(k, []).append(v)
         self.model.eval()
-        res = {k: sum(v) / len(v) for k, v in out.items()}
+        res = step_means(out)
         res["raft/kept"] = float(len(kept))
         return res, [t for t, _ in kept]
 

@@ -19,7 +19,7 @@ from assay.algos import aggregate, compute_gae, explained_variance, value_loss
 from assay.algos.losses import masked_mean
 from assay.config import CriticConfig
 from assay.devices import generator_for
-from assay.training.precision import MasterWeights
+from assay.training.precision import MasterWeights, step_means
 
 
 def gae_targets(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0,
@@ -134,7 +134,7 @@ class Critic:
                 for k, v in step.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()
-        out.update({k: sum(v) / len(v) for k, v in agg.items()})
+        out.update(step_means(agg))
         return out
 
     def _sharded_pass(self, batch, idx: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:

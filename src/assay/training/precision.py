@@ -34,18 +34,24 @@ does the same); `skipped` counts them (`actor/skipped_updates`).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Iterable
 
 import torch
 
 from assay.log import log
 
+# a step skipped over an overflow leaves the optimizer unstepped, which a scheduler stepped after it takes for a call out
+# of order; under loss scaling that is by design (torch.amp.GradScaler's skipped steps draw the same warning)
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
+
 
 class MasterWeights:
     """The optimizer step for parameters of any dtype, with fp32 master weights where they are not fp32.
 
     Args:
-        params: the model's parameters (only those that require grad are trained).
+        params: the model's parameters (only those that require grad are trained; an fp16 one among the rest, a LoRA
+            run's frozen base, still turns loss scaling on: the backward runs through it).
         make_optimizer: builds the optimizer over the tensors it should step (the fp32 masters,
             or the parameters themselves when they are fp32), e.g. `lambda ps: torch.optim.AdamW(ps, lr=1e-5)`.
 
@@ -59,11 +65,12 @@ class MasterWeights:
     GROWTH_INTERVAL = 2000
 
     def __init__(self, params: Iterable[torch.nn.Parameter], make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
-        self.params = [p for p in params if p.requires_grad]
+        every = list(params)
+        self.params = [p for p in every if p.requires_grad]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params] if self.mixed else []
         self.optimizer = make_optimizer(self.master if self.mixed else self.params)
-        self.scaled = any(p.dtype == torch.float16 for p in self.params)
+        self.scaled = any(p.dtype == torch.float16 for p in every)
         self.loss_scale = self.INITIAL_SCALE if self.scaled else 1.0
         self.good_steps = 0  # finite steps since the loss scale last changed
         self.skipped = 0  # steps skipped over a non-finite gradient, over the run
@@ -83,17 +90,23 @@ class MasterWeights:
         if self.mixed:
             for m, p in zip(self.master, self.params):
                 m.grad = None if p.grad is None else p.grad.float()
-                if m.grad is not None and self.scaled:
-                    m.grad.div_(self.loss_scale)
                 p.grad = None  # the fp32 copy is the gradient now: the bf16 one need not stay alive through the step
-        norm = float(torch.nn.utils.clip_grad_norm_(self.master if self.mixed else self.params, max_norm))
+        stepped = self.master if self.mixed else self.params
+        if self.scaled:
+            for t in stepped:
+                if t.grad is not None:
+                    t.grad.div_(self.loss_scale)
+        norm = float(torch.nn.utils.clip_grad_norm_(stepped, max_norm))
         if not math.isfinite(norm):
             self.skipped += 1
             self.zero_grad()
+            if not self.scaled:
+                log.warning(f"the gradient norm is {norm}: this optimizer step is skipped (the weights stay as they were)")
+            elif self.loss_scale >= 1 > self.loss_scale / 2:  # 17 overflows in a row: the loss itself is not finite
+                log.warning("the fp16 loss scale fell below 1: every step is being skipped, so the loss or its gradient is inf or "
+                            "NaN at any scale (model.dtype=bfloat16 has fp32's range)")
             if self.scaled:
                 self.loss_scale, self.good_steps = self.loss_scale / 2, 0
-            else:
-                log.warning(f"the gradient norm is {norm}: this optimizer step is skipped (the weights stay as they were)")
             return norm
         self.optimizer.step()
         if self.mixed:
@@ -128,6 +141,17 @@ class MasterWeights:
         with torch.no_grad():
             for i, (m, p) in enumerate(zip(self.master, self.params)):
                 m.copy_(p.float() if state is None else state[i])
+
+
+def step_means(values: dict[str, list[float]]) -> dict[str, float]:
+    """The mean of each metric over a training step's optimizer steps (minibatches, epochs); a gradient norm's over the
+    steps that were not skipped (NaN, written as null, when every one was)."""
+    out = {}
+    for k, v in values.items():
+        if k.endswith("grad_norm"):
+            v = [x for x in v if math.isfinite(x)] or [math.nan]
+        out[k] = sum(v) / len(v)
+    return out
 
 
 def warmup(steps: int) -> Callable[[int], float]:

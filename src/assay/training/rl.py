@@ -50,7 +50,7 @@ from assay.training.groups import GoldInjector, PromptPicker, join_groups, score
 from assay.threads import ThreadGovernor
 from assay.training.hacking import HackingAlarm, Watch
 from assay.training.health import HealthGates, RunCannotLearn, log_samples, rollout_metrics
-from assay.training.precision import MasterWeights, lr_schedule
+from assay.training.precision import MasterWeights, lr_schedule, step_means
 from assay.training.learner import (accumulate_step, activation_bytes_per_token, collate, compute_advantages, estimator_args, skips_inert_rows,
                                      takes_forward_process, token_logprobs)
 from assay.training.interrupt import Preempted, StopSignals
@@ -76,6 +76,8 @@ class Trainer(Checkpoints):
         if not resume:
             self._check_run_dir(run_dir)
         self.ranks = self._join()  # one process; a `torchrun` job's ranks in `ShardedTrainer`
+        # one process trains in a folder: a resume holds it before the model loads (a second one is refused at once)
+        self.folder_lock = RunFolderLock(run_dir) if resume and self.ranks.main else None  # type: ignore[arg-type]
         self.device = self.ranks.device(check_device(cfg.model.device))
         set_matmul_precision(self.device, cfg.model.tf32)
         self.model, self.tokenizer = load_policy(cfg.model.path, self.device, self._policy_dtype(), cfg.model.chat_template)
@@ -99,7 +101,8 @@ class Trainer(Checkpoints):
         self.executor = make_executor(cfg, self.source.reward if cfg.env is None else "episode")
         self.watch = Watch.for_run(cfg, self.source.reward)  # hacking monitors, canary; before the run folder: a bad block leaves nothing
         self.run_dir = Path(run_dir) if resume else self._new_run_dir(run_dir)
-        self.folder_lock = RunFolderLock(self.run_dir) if self.ranks.main else None  # before a resume cleans or truncates anything
+        if not resume and self.ranks.main:  # a new run, once its folder is made
+            self.folder_lock = RunFolderLock(self.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         if cfg.cluster.ray and cfg.cluster.rollout_workers:  # generation on Ray actors (assay.cluster)
             from assay.cluster import RaySampler, connect
@@ -355,7 +358,7 @@ class Trainer(Checkpoints):
                 for k, v in m.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()
-        return {k: sum(v) / len(v) for k, v in agg.items()}
+        return step_means(agg)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy accuracy (verified; sampled too with `train.eval_samples`), the mean of a learned reward, and length

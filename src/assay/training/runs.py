@@ -52,7 +52,7 @@ class RunFolderLock:
             held[1] += 1
         else:
             try:
-                fd = os.open(Path(key) / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+                fd = os.open(Path(key) / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o666)  # as the umask allows: a shared folder's group
             except OSError as e:
                 raise AssayError(f"cannot write in run folder {str(run_dir)!r}: {e.strerror or e}") from None
             try:

@@ -49,6 +49,7 @@ from assay.models.lora import load_adapter
 from assay.training.checkpoint import STATE_FILE, clean_leftovers, extra_stem, prune_checkpoints, publish, rng_state
 from assay.training.dist import Ranks, full_state, full_weights, load_full_state, named_optimizer_state, save_sharded, shard, weighted_mean
 from assay.training.learner import accumulate_step, policy_step
+from assay.training.precision import step_means
 from assay.training.rl import Trainer
 from assay.training.runs import RUN_FILE, new_run_dir, run_record
 
@@ -174,7 +175,7 @@ class ShardedTrainer(Trainer):
                 for k, v in m.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()
-        return {k: sum(v) / len(v) for k, v in agg.items()}
+        return step_means(agg)
 
     def _idle_pass(self, row, advantage) -> dict[str, float]:
         """A forward and backward that changes no gradient (a masked row), so this rank's collectives pair with the others'."""
