@@ -66,7 +66,7 @@ def test_the_update_equals_a_plain_computation(tmp_path, tiny_model_dir):
         model.zero_grad(set_to_none=True)
         got = Objective("dpo", {"beta": 0.3}, tok.pad_token_id, "cpu", fast=fast, micro_batch=micro).step(model, rows, ref)
         assert got["po/loss"] == pytest.approx(float(want.loss.mean().detach()), abs=1e-5)
-        assert got["po/logp_chosen"] == pytest.approx(float(lp[:3].mean()), abs=1e-4)
+        assert got["po/logp_chosen"] == pytest.approx(float(lp[:3].mean().detach()), abs=1e-4)
         for n, p in model.named_parameters():
             assert torch.allclose(p.grad, grads[n], atol=1e-5, rtol=1e-4), (micro, fast, n)
 
