@@ -115,6 +115,7 @@ class Critic:
             "critic/value_mean": masked_mean(old_values, scored).item(),  # over the tokens it fits
         }
         agg: dict[str, list[float]] = {}
+        skipped = self.weights.skipped
         self.model.train()
         B = mask.shape[0]
         for _ in range(epochs):
@@ -134,7 +135,7 @@ class Critic:
                 for k, v in step.items():
                     agg.setdefault(k, []).append(v)
         self.model.eval()
-        out.update(step_means(agg))
+        out.update({**step_means(agg), **self.weights.metrics(skipped, "critic/")})
         return out
 
     def _sharded_pass(self, batch, idx: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, scored: torch.Tensor) -> dict[str, float]:

@@ -118,10 +118,10 @@ class MasterWeights:
             self.loss_scale, self.good_steps = self.loss_scale * 2, 0
         return norm
 
-    def metrics(self, skipped_before: int) -> dict[str, float]:
-        """`actor/skipped_updates` since the count was `skipped_before` and, under loss scaling, `actor/loss_scale`."""
-        out = {"actor/skipped_updates": float(self.skipped - skipped_before)}
-        return {**out, "actor/loss_scale": self.loss_scale} if self.scaled else out
+    def metrics(self, skipped_before: int, prefix: str = "actor/") -> dict[str, float]:
+        """`{prefix}skipped_updates` since the count was `skipped_before` and, under loss scaling, `{prefix}loss_scale`."""
+        out = {f"{prefix}skipped_updates": float(self.skipped - skipped_before)}
+        return {**out, f"{prefix}loss_scale": self.loss_scale} if self.scaled else out
 
     def master_state(self) -> dict[str, Any]:
         """What a resumed run needs beyond the weights: the fp32 masters (None when the parameters are fp32 themselves), the
