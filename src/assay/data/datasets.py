@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
+import io
 import json
 import random
 import zlib
@@ -60,8 +61,6 @@ def _text_lines(f: Any, path: str | Path, strict: bool = True) -> Iterator[tuple
     """
     head = f.peek(4)[:4] if hasattr(f, "peek") else b""
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) and not head.startswith(b"\xff\xfe\x00\x00"):
-        import io
-
         text = io.TextIOWrapper(f, encoding="utf-16", errors="strict" if strict else "replace", newline="")
         try:
             yield from enumerate(text, 1)

@@ -261,9 +261,7 @@ def train_po(cfg: POConfig | None = None, *, resume: str | Path | None = None, r
                         last.update(objective.step(model, [rows[i] for i in idx], ref["train"][idx], [rows[i - 1] for i in idx],
                                                                    loss_scale=weights.loss_scale))
                         last["po/lr"] = weights.optimizer.param_groups[0]["lr"]
-                        skipped = weights.skipped
-                        last["po/grad_norm"] = weights.step(cfg.optim.grad_clip)
-                        last.update(weights.metrics(skipped, "po/"))
+                        last.update(weights.step_with_metrics(cfg.optim.grad_clip, "po/"))
                         sched.step()
                         last.update({"po/step_seconds": time.perf_counter() - t0, "po/threads": float(threads),
                                      "po/epoch": step * cfg.train.batch_size / len(rows)})

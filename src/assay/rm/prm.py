@@ -104,9 +104,7 @@ def train_step(model, encoder: StepEncoder, rows: list[StepRow], cfg, weights, s
     weights.zero_grad()
     weights.backward(loss)
     metrics["rm/lr"] = weights.optimizer.param_groups[0]["lr"]
-    skipped = weights.skipped
-    metrics["rm/grad_norm"] = weights.step(cfg.optim.grad_clip)
-    metrics.update(weights.metrics(skipped, "rm/"))
+    metrics.update(weights.step_with_metrics(cfg.optim.grad_clip, "rm/"))
     sched.step()
     return metrics
 

@@ -123,6 +123,11 @@ class MasterWeights:
         out = {f"{prefix}skipped_updates": float(self.skipped - skipped_before)}
         return {**out, f"{prefix}loss_scale": self.loss_scale} if self.scaled else out
 
+    def step_with_metrics(self, max_norm: float, prefix: str) -> dict[str, float]:
+        """`step(max_norm)` for a trainer whose training step is one optimizer step: `{prefix}grad_norm` and `metrics`'."""
+        skipped = self.skipped
+        return {f"{prefix}grad_norm": self.step(max_norm), **self.metrics(skipped, prefix)}
+
     def master_state(self) -> dict[str, Any]:
         """What a resumed run needs beyond the weights: the fp32 masters (None when the parameters are fp32 themselves), the
         loss scale and the counts."""
